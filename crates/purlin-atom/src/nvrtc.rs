@@ -1,0 +1,402 @@
+//! Run-time compilation of CUDA C++ to CUBIN with NVRTC, and an on-disk kernel cache.
+//!
+//! Only `libnvrtc` is needed, no CUDA headers. The library is found without
+//! `LD_LIBRARY_PATH`: [`load`] opens it by absolute path (and its builtins library
+//! beside it) before cudarc asks the dynamic loader for `libnvrtc.so.13`, which then
+//! resolves to the copy already loaded (the loader matches the SONAME).
+
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Errors of NVRTC discovery, compilation and the kernel cache.
+#[derive(Debug, thiserror::Error)]
+pub enum NvrtcError {
+    /// No `libnvrtc.so.13` in any searched directory.
+    #[error(
+        "libnvrtc.so.13 not found; searched: {searched:?}. Set PURLIN_NVRTC_DIR or CUDA_HOME, \
+         or run `cargo xtask nvrtc` to install the pinned wheel under target/"
+    )]
+    NotFound {
+        /// Directories that were searched, in order.
+        searched: Vec<PathBuf>,
+    },
+    /// The library was found but could not be opened.
+    #[error("could not load {path}: {reason}")]
+    Load {
+        /// The library's path.
+        path: PathBuf,
+        /// The loader's message.
+        reason: String,
+    },
+    /// NVRTC rejected the translation unit; `log` is its compiler log.
+    #[error("NVRTC failed to compile {name} for {arch}: {status}\n{log}")]
+    Compile {
+        /// The translation unit's name.
+        name: String,
+        /// Target architecture.
+        arch: Arch,
+        /// NVRTC's status string.
+        status: String,
+        /// The compiler log.
+        log: String,
+    },
+    /// An NVRTC API call failed outside compilation.
+    #[error("NVRTC call {call} failed: {status}")]
+    Api {
+        /// The NVRTC function.
+        call: &'static str,
+        /// NVRTC's status string.
+        status: String,
+    },
+    /// A source, header name or option contained a NUL byte.
+    #[error("{0} contains a NUL byte")]
+    Nul(&'static str),
+    /// The kernel cache directory could not be read or written.
+    #[error("kernel cache at {path}: {source}")]
+    Cache {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A GPU architecture NVRTC compiles for (`sm_XY`), from a compute capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Arch {
+    /// Compute capability major.
+    pub major: u32,
+    /// Compute capability minor.
+    pub minor: u32,
+}
+
+impl Arch {
+    /// Ampere A100.
+    pub const SM80: Arch = Arch { major: 8, minor: 0 };
+    /// Hopper H100/H200.
+    pub const SM90: Arch = Arch { major: 9, minor: 0 };
+    /// Blackwell B200.
+    pub const SM100: Arch = Arch { major: 10, minor: 0 };
+
+    /// The `-arch=` option value, e.g. `sm_90`.
+    pub fn sm(self) -> String {
+        format!("sm_{}{}", self.major, self.minor)
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.sm())
+    }
+}
+
+/// One NVRTC translation unit: a main source plus the named headers it may include.
+#[derive(Debug, Clone)]
+pub struct TranslationUnit {
+    /// Program name (shows up in compiler messages).
+    pub name: String,
+    /// The main source.
+    pub source: String,
+    /// `(include name, contents)` pairs, resolved by NVRTC without touching the filesystem.
+    pub headers: Vec<(String, String)>,
+    /// Extra compiler options (`-D...`, `-std=...`); `-arch` is added by the compiler.
+    pub options: Vec<String>,
+}
+
+/// A compiled CUBIN with the key it was compiled under.
+#[derive(Debug, Clone)]
+pub struct CompiledKernel {
+    /// The CUBIN image, loadable with `cuModuleLoadData` (cudarc: `Ptx::from_binary`).
+    pub cubin: Vec<u8>,
+    /// The cache key (hex), a hash of sources, headers, options, arch and NVRTC version.
+    pub key: String,
+    /// Whether it came from the on-disk cache.
+    pub from_cache: bool,
+}
+
+/// Environment variable naming a directory that holds `libnvrtc.so.13` (searched first).
+pub const NVRTC_DIR_ENV: &str = "PURLIN_NVRTC_DIR";
+
+/// The directories searched for `libnvrtc.so.13`, in order.
+pub fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(dir) = std::env::var_os(NVRTC_DIR_ENV) {
+        dirs.push(PathBuf::from(dir));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(home) = std::env::var_os(var) {
+            dirs.push(Path::new(&home).join("lib64"));
+        }
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    // Python wheels (`pip install nvidia-cuda-nvrtc`): site-packages/nvidia/cu13/lib.
+    let mut site_roots: Vec<PathBuf> = Vec::new();
+    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
+        site_roots.push(Path::new(&venv).join("lib"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        site_roots.push(Path::new(&home).join(".local/lib"));
+    }
+    for root in ["/usr/local/lib", "/usr/lib", "/opt/conda/lib"] {
+        site_roots.push(PathBuf::from(root));
+    }
+    for root in site_roots {
+        let Ok(entries) = std::fs::read_dir(&root) else { continue };
+        let mut pythons: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3")))
+            .collect();
+        pythons.sort();
+        for py in pythons {
+            for site in ["site-packages", "dist-packages"] {
+                dirs.push(py.join(site).join("nvidia/cu13/lib"));
+            }
+        }
+    }
+    dirs
+}
+
+/// Finds and loads libnvrtc once per process; returns the directory it came from.
+///
+/// After this returns `Ok`, cudarc's NVRTC bindings resolve to the loaded library.
+pub fn load() -> Result<&'static Path, NvrtcError> {
+    static LOADED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let loaded = LOADED.get_or_init(|| load_uncached().map_err(|e| e.to_string()));
+    match loaded {
+        Ok(dir) => Ok(dir.as_path()),
+        Err(reason) => Err(NvrtcError::Load { path: PathBuf::from("libnvrtc.so.13"), reason: reason.clone() }),
+    }
+}
+
+fn load_uncached() -> Result<PathBuf, NvrtcError> {
+    let searched = search_dirs();
+    let Some(dir) = searched.iter().find(|d| d.join("libnvrtc.so.13").is_file()).cloned() else {
+        return Err(NvrtcError::NotFound { searched });
+    };
+    // The builtins library first: libnvrtc dlopens it by SONAME on first compile.
+    for lib in ["libnvrtc-builtins.so.13.0", "libnvrtc.so.13"] {
+        let path = dir.join(lib);
+        if !path.is_file() && lib != "libnvrtc.so.13" {
+            continue;
+        }
+        // SAFETY: loading NVRTC runs only its ELF initialisers, which have no preconditions;
+        // the handle is leaked on purpose so the library stays mapped for the process's life
+        // (cudarc keeps its own handle to the same mapping).
+        let library = unsafe { libloading::os::unix::Library::open(Some(&path), libc_flags()) }
+            .map_err(|e| NvrtcError::Load { path: path.clone(), reason: e.to_string() })?;
+        std::mem::forget(library);
+    }
+    // SAFETY: `is_culib_present` only attempts to dlopen the library by name; it now
+    // resolves to the copy loaded above.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(NvrtcError::Load {
+            path: dir.join("libnvrtc.so.13"),
+            reason: "cudarc could not bind the loaded library".into(),
+        });
+    }
+    Ok(dir)
+}
+
+fn libc_flags() -> std::os::raw::c_int {
+    libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL
+}
+
+fn status_string(status: cudarc::nvrtc::sys::nvrtcResult) -> String {
+    // SAFETY: nvrtcGetErrorString returns a pointer to a static NUL-terminated string.
+    let ptr = unsafe { cudarc::nvrtc::sys::nvrtcGetErrorString(status) };
+    if ptr.is_null() {
+        return format!("{status:?}");
+    }
+    // SAFETY: non-null, static, NUL-terminated (NVRTC's contract).
+    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+}
+
+fn check(call: &'static str, status: cudarc::nvrtc::sys::nvrtcResult) -> Result<(), NvrtcError> {
+    if status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(NvrtcError::Api { call, status: status_string(status) })
+    }
+}
+
+/// The loaded NVRTC's version `(major, minor)`.
+pub fn version() -> Result<(i32, i32), NvrtcError> {
+    load()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: both out-pointers are valid for writes.
+    check("nvrtcVersion", unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) })?;
+    Ok((major, minor))
+}
+
+/// Compiles a translation unit to CUBIN for `arch`, without the cache.
+pub fn compile_cubin(unit: &TranslationUnit, arch: Arch) -> Result<Vec<u8>, NvrtcError> {
+    use cudarc::nvrtc::sys;
+    load()?;
+    let nul = |what| move |_| NvrtcError::Nul(what);
+    let source = CString::new(unit.source.as_str()).map_err(nul("source"))?;
+    let name = CString::new(unit.name.as_str()).map_err(nul("program name"))?;
+    let header_names: Vec<CString> = unit
+        .headers
+        .iter()
+        .map(|(n, _)| CString::new(n.as_str()))
+        .collect::<Result<_, _>>()
+        .map_err(nul("header name"))?;
+    let header_texts: Vec<CString> =
+        unit.headers.iter().map(|(_, t)| CString::new(t.as_str())).collect::<Result<_, _>>().map_err(nul("header"))?;
+    let mut options: Vec<CString> = vec![
+        CString::new(format!("-arch={}", arch.sm())).map_err(nul("option"))?,
+        CString::new("-std=c++17").map_err(nul("option"))?,
+    ];
+    for opt in &unit.options {
+        options.push(CString::new(opt.as_str()).map_err(nul("option"))?);
+    }
+    let header_ptrs: Vec<*const c_char> = header_texts.iter().map(|s| s.as_ptr()).collect();
+    let name_ptrs: Vec<*const c_char> = header_names.iter().map(|s| s.as_ptr()).collect();
+    let option_ptrs: Vec<*const c_char> = options.iter().map(|s| s.as_ptr()).collect();
+
+    let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: every pointer refers to a live NUL-terminated CString owned by this frame;
+    // the arrays have `headers.len()` entries, matching the count passed.
+    check("nvrtcCreateProgram", unsafe {
+        sys::nvrtcCreateProgram(
+            &mut prog,
+            source.as_ptr(),
+            name.as_ptr(),
+            header_ptrs.len() as c_int,
+            header_ptrs.as_ptr(),
+            name_ptrs.as_ptr(),
+        )
+    })?;
+    let result = compile_program(prog, &option_ptrs, unit, arch);
+    // SAFETY: `prog` was created above and is destroyed exactly once.
+    unsafe { sys::nvrtcDestroyProgram(&mut prog) };
+    result
+}
+
+fn compile_program(
+    prog: cudarc::nvrtc::sys::nvrtcProgram,
+    options: &[*const c_char],
+    unit: &TranslationUnit,
+    arch: Arch,
+) -> Result<Vec<u8>, NvrtcError> {
+    use cudarc::nvrtc::sys;
+    // SAFETY: `prog` is a live program; `options` points to live C strings.
+    let status = unsafe { sys::nvrtcCompileProgram(prog, options.len() as c_int, options.as_ptr()) };
+    if status != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(NvrtcError::Compile {
+            name: unit.name.clone(),
+            arch,
+            status: status_string(status),
+            log: program_log(prog).unwrap_or_default(),
+        });
+    }
+    let mut size = 0usize;
+    // SAFETY: `prog` compiled successfully; `size` is a valid out-pointer.
+    check("nvrtcGetCUBINSize", unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) })?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` has exactly the size NVRTC reported.
+    check("nvrtcGetCUBIN", unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) })?;
+    Ok(cubin)
+}
+
+fn program_log(prog: cudarc::nvrtc::sys::nvrtcProgram) -> Result<String, NvrtcError> {
+    use cudarc::nvrtc::sys;
+    let mut size = 0usize;
+    // SAFETY: `prog` is live; `size` is a valid out-pointer.
+    check("nvrtcGetProgramLogSize", unsafe { sys::nvrtcGetProgramLogSize(prog, &mut size) })?;
+    let mut log = vec![0u8; size.max(1)];
+    // SAFETY: `log` holds at least the reported size.
+    check("nvrtcGetProgramLog", unsafe { sys::nvrtcGetProgramLog(prog, log.as_mut_ptr().cast()) })?;
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    Ok(String::from_utf8_lossy(&log[..end]).into_owned())
+}
+
+/// 64-bit FNV-1a, stable across Rust versions (the cache may be built by another binary).
+fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// An on-disk CUBIN cache, keyed by sources, headers, options, arch and NVRTC version.
+///
+/// The driver version is deliberately *not* in the key: a CUBIN for an exact `sm_XY` does
+/// not depend on the driver, which lets the cache be built ahead on a machine without a
+/// GPU (`cargo xtask gpu-round`). A driver too old for the CUBIN fails at module load.
+#[derive(Debug, Clone)]
+pub struct KernelCache {
+    dir: PathBuf,
+}
+
+/// Environment variable naming the kernel cache directory.
+pub const CACHE_DIR_ENV: &str = "PURLIN_KERNEL_CACHE";
+
+impl KernelCache {
+    /// A cache in `dir` (created on first store).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The default cache: `$PURLIN_KERNEL_CACHE`, else `$XDG_CACHE_HOME/purlin/kernels`,
+    /// else `~/.cache/purlin/kernels`, else a directory under the system temp dir.
+    pub fn default_location() -> Self {
+        if let Some(dir) = std::env::var_os(CACHE_DIR_ENV) {
+            return Self::new(dir);
+        }
+        if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+            return Self::new(Path::new(&dir).join("purlin/kernels"));
+        }
+        if let Some(home) = std::env::var_os("HOME") {
+            return Self::new(Path::new(&home).join(".cache/purlin/kernels"));
+        }
+        Self::new(std::env::temp_dir().join("purlin-kernels"))
+    }
+
+    /// The cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The key of `unit` compiled for `arch` with the loaded NVRTC.
+    pub fn key(unit: &TranslationUnit, arch: Arch) -> Result<String, NvrtcError> {
+        let (major, minor) = version()?;
+        let mut h = fnv1a(0xcbf2_9ce4_8422_2325, format!("nvrtc {major}.{minor} {arch}\0").as_bytes());
+        h = fnv1a(h, unit.source.as_bytes());
+        for (name, text) in &unit.headers {
+            h = fnv1a(h, &[0]);
+            h = fnv1a(h, name.as_bytes());
+            h = fnv1a(h, &[0]);
+            h = fnv1a(h, text.as_bytes());
+        }
+        for opt in &unit.options {
+            h = fnv1a(h, &[1]);
+            h = fnv1a(h, opt.as_bytes());
+        }
+        Ok(format!("{}-{arch}-{h:016x}", unit.name))
+    }
+
+    /// Returns the cached CUBIN for `unit` on `arch`, compiling and storing it if absent.
+    pub fn get_or_compile(&self, unit: &TranslationUnit, arch: Arch) -> Result<CompiledKernel, NvrtcError> {
+        let key = Self::key(unit, arch)?;
+        let path = self.dir.join(format!("{key}.cubin"));
+        if let Ok(cubin) = std::fs::read(&path) {
+            if !cubin.is_empty() {
+                return Ok(CompiledKernel { cubin, key, from_cache: true });
+            }
+        }
+        let cubin = compile_cubin(unit, arch)?;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| NvrtcError::Cache { path, source }
+        };
+        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        // Write then rename, so a concurrent reader never sees a partial CUBIN.
+        let tmp = self.dir.join(format!("{key}.cubin.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, &cubin).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        Ok(CompiledKernel { cubin, key, from_cache: false })
+    }
+}

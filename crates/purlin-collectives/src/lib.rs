@@ -1,0 +1,15 @@
+//! Purlin: single-kernel, intra-node GPU collectives for NVLink-connected NVIDIA GPUs.
+//!
+//! This crate joins the protocol (purlin-snac) and the datapath (purlin-atom) on the
+//! machine described by purlin-topo, and is the public API.
+//!
+//! Architecture invariant: purlin-collectives is the only library crate that depends on
+//! both purlin-snac and purlin-atom.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod kernels;
+pub mod smoke;
+
+pub use purlin_atom as atom;
+pub use purlin_snac as snac;
+pub use purlin_topo as topo;

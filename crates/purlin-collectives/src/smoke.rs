@@ -1,0 +1,207 @@
+//! The device smoke test of a GPU round: an NVRTC-compiled kernel runs on every GPU, peer
+//! access is enabled both ways, and a flag ping-pong through the protocol's own sync
+//! primitives (`kernels/snac/sync.cuh`) measures the NVLink round trip.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, DriverError, LaunchConfig, PushKernelArg, sys};
+use cudarc::nvrtc::Ptx;
+use purlin_atom::{Arch, KernelCache, NvrtcError};
+
+/// What can stop the smoke test.
+#[derive(Debug, thiserror::Error)]
+pub enum SmokeError {
+    /// No CUDA driver or no device.
+    #[error("no CUDA device available")]
+    NoDevice,
+    /// A driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] DriverError),
+    /// Kernel compilation failed.
+    #[error(transparent)]
+    Nvrtc(#[from] NvrtcError),
+    /// A kernel produced a wrong result.
+    #[error("GPU {device}: {what}")]
+    Wrong {
+        /// The device ordinal.
+        device: usize,
+        /// What was wrong.
+        what: String,
+    },
+}
+
+/// Per-GPU result of the smoke test.
+#[derive(Debug, Clone)]
+pub struct DeviceSmoke {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Device name.
+    pub name: String,
+    /// Compute capability.
+    pub arch: Arch,
+    /// Whether the kernel came from the on-disk cache (prebuilt by `cargo xtask gpu-round`).
+    pub kernel_from_cache: bool,
+    /// Elements checked against the host reference.
+    pub elements_checked: usize,
+}
+
+/// The whole smoke report.
+#[derive(Debug, Clone)]
+pub struct SmokeReport {
+    /// One entry per GPU.
+    pub devices: Vec<DeviceSmoke>,
+    /// `(i, j, enabled)` for each ordered pair of the first two GPUs.
+    pub peer_access: Vec<(usize, usize, bool)>,
+    /// Ping-pong rounds completed and the mean round trip in microseconds, if ≥ 2 GPUs.
+    pub ping_pong: Option<(u64, f64)>,
+}
+
+const FILL_ELEMENTS: u32 = 1 << 20;
+const PING_PONG_ROUNDS: u32 = 20_000;
+const PING_PONG_TIMEOUT_NS: u64 = 2_000_000_000;
+
+fn fill_reference(i: u32, seed: u32) -> u32 {
+    i.wrapping_mul(2_654_435_761) ^ seed
+}
+
+/// Runs the smoke test on every visible GPU (the ping-pong on GPUs 0 and 1).
+pub fn run(cache: &KernelCache) -> Result<SmokeReport, SmokeError> {
+    let count = purlin_topo::device_count();
+    if count == 0 {
+        return Err(SmokeError::NoDevice);
+    }
+    let unit = crate::kernels::smoke_unit();
+    let mut contexts = Vec::new();
+    let mut modules = Vec::new();
+    let mut devices = Vec::new();
+    for ordinal in 0..count {
+        let ctx = CudaContext::new(ordinal)?;
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = Arch { major: major as u32, minor: minor as u32 };
+        let compiled = cache.get_or_compile(&unit, arch)?;
+        let module = ctx.load_module(Ptx::from_binary(compiled.cubin))?;
+        let stream = ctx.default_stream();
+        let fill = module.load_function("purlin_smoke_fill")?;
+        let mut out = stream.alloc_zeros::<u32>(FILL_ELEMENTS as usize)?;
+        let seed = 0x9e37_79b9_u32 ^ ordinal as u32;
+        let mut launch = stream.launch_builder(&fill);
+        launch.arg(&mut out).arg(&FILL_ELEMENTS).arg(&seed);
+        // SAFETY: the kernel's signature is (u32*, u32, u32), matching the arguments; `out`
+        // holds FILL_ELEMENTS elements and the kernel writes only indices below that.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(FILL_ELEMENTS)) }?;
+        let host = stream.clone_dtoh(&out)?;
+        if let Some(i) = (0..FILL_ELEMENTS).find(|&i| host[i as usize] != fill_reference(i, seed)) {
+            return Err(SmokeError::Wrong { device: ordinal, what: format!("fill element {i} wrong") });
+        }
+        devices.push(DeviceSmoke {
+            ordinal,
+            name: ctx.name()?,
+            arch,
+            kernel_from_cache: compiled.from_cache,
+            elements_checked: FILL_ELEMENTS as usize,
+        });
+        contexts.push(ctx);
+        modules.push(module);
+    }
+    let mut report = SmokeReport { devices, peer_access: Vec::new(), ping_pong: None };
+    if count >= 2 {
+        report.peer_access = enable_peer_access(&contexts[0], &contexts[1])?;
+        if report.peer_access.iter().all(|&(_, _, ok)| ok) {
+            report.ping_pong = Some(ping_pong(&contexts[..2], &modules[..2])?);
+        }
+    }
+    Ok(report)
+}
+
+fn enable_peer_access(a: &Arc<CudaContext>, b: &Arc<CudaContext>) -> Result<Vec<(usize, usize, bool)>, SmokeError> {
+    let mut out = Vec::new();
+    for (from, to) in [(a, b), (b, a)] {
+        let mut can = 0;
+        // SAFETY: out-pointer valid; both devices come from live contexts.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, from.cu_device(), to.cu_device()) }.result()?;
+        if can == 1 {
+            from.bind_to_thread()?;
+            // SAFETY: `from` is bound to this thread; `to` is a live context on another device.
+            let status = unsafe { sys::cuCtxEnablePeerAccess(to.cu_ctx(), 0) };
+            if status != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                status.result()?;
+            }
+        }
+        out.push((from.ordinal(), to.ordinal(), can == 1));
+    }
+    Ok(out)
+}
+
+/// A flag word allocated with `cuMemAlloc` (peer access applies to it; cudarc's
+/// stream-ordered pool memory would need pool access rights instead).
+struct RawFlag {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl RawFlag {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self, SmokeError> {
+        ctx.bind_to_thread()?;
+        let mut ptr = 0;
+        // SAFETY: the context is current; out-pointer valid.
+        unsafe { sys::cuMemAlloc_v2(&mut ptr, 8) }.result()?;
+        // SAFETY: `ptr` is a fresh allocation of 8 bytes.
+        unsafe { sys::cuMemsetD8_v2(ptr, 0, 8) }.result()?;
+        Ok(Self { ctx: ctx.clone(), ptr })
+    }
+}
+
+impl Drop for RawFlag {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once; the
+            // kernels using it were synchronized before the flag goes out of scope.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+fn ping_pong(
+    contexts: &[Arc<CudaContext>],
+    modules: &[Arc<cudarc::driver::CudaModule>],
+) -> Result<(u64, f64), SmokeError> {
+    let flags = [RawFlag::new(&contexts[0])?, RawFlag::new(&contexts[1])?];
+    let streams: Vec<_> = contexts.iter().map(|c| c.default_stream()).collect();
+    let mut results = Vec::new();
+    for s in &streams {
+        results.push(s.alloc_zeros::<u64>(2)?);
+    }
+    // The responder (GPU 1) is launched first so that it is polling when the initiator starts.
+    for side in [1usize, 0] {
+        let func = modules[side].load_function("purlin_smoke_pingpong")?;
+        let (my_flag, peer_flag) = (flags[side].ptr, flags[1 - side].ptr);
+        let initiator = u32::from(side == 0);
+        let mut launch = streams[side].launch_builder(&func);
+        launch
+            .arg(&my_flag)
+            .arg(&peer_flag)
+            .arg(&PING_PONG_ROUNDS)
+            .arg(&initiator)
+            .arg(&PING_PONG_TIMEOUT_NS)
+            .arg(&mut results[side]);
+        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the signature is (u64*, u64*, u32, u32, u64, u64*); the flags are live
+        // cuMemAlloc words, the peer one reachable because peer access was enabled; every
+        // wait in the kernel is bounded by PING_PONG_TIMEOUT_NS.
+        unsafe { launch.launch(one) }?;
+    }
+    for s in &streams {
+        s.synchronize()?;
+    }
+    let initiator = streams[0].clone_dtoh(&results[0])?;
+    let responder = streams[1].clone_dtoh(&results[1])?;
+    for (device, r) in [(0, &initiator), (1, &responder)] {
+        if r[0] != u64::from(PING_PONG_ROUNDS) {
+            return Err(SmokeError::Wrong {
+                device,
+                what: format!("ping-pong completed {} of {PING_PONG_ROUNDS} rounds (timed out)", r[0]),
+            });
+        }
+    }
+    Ok((initiator[0], initiator[1] as f64 / initiator[0] as f64 / 1e3))
+}

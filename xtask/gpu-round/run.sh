@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One GPU round (made by `cargo xtask gpu-round`): the ignored GPU tests, then the
+# calibration. Packs every log into round.tar.gz in the output directory ($1, else $OUT,
+# else ./gpu-round-out) and prints a short summary last.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUTDIR=${1:-${OUT:-$PWD/gpu-round-out}}
+mkdir -p "$OUTDIR"
+WORK=$(mktemp -d)
+LOGS=$WORK/round
+mkdir -p "$LOGS"
+# Never NVLink multicast on these machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PURLIN_KERNEL_CACHE=$HERE/kernel-cache RUST_BACKTRACE=1
+date -u +%FT%TZ >"$LOGS/date.txt"
+nvidia-smi >"$LOGS/nvidia-smi.txt" 2>&1
+nvidia-smi topo -m >"$LOGS/topo.txt" 2>&1
+: >"$LOGS/tests.txt"
+for t in "$HERE"/bin/*; do
+  name=$(basename "$t")
+  timeout 420 "$t" --ignored --test-threads=1 --nocapture >"$LOGS/$name.log" 2>&1
+  rc=$?
+  result=$(grep -E '^test result:' "$LOGS/$name.log" | tail -1)
+  echo "$name rc=$rc ${result:-no test result}" >>"$LOGS/tests.txt"
+done
+if [ -d "$HERE/calibration" ] && [ "${PURLIN_SKIP_CALIBRATION:-0}" != 1 ]; then
+  timeout 420 bash "$HERE/calibration/run.sh" >"$LOGS/calibration.log" 2>&1
+  echo "calibration rc=$?" >>"$LOGS/tests.txt"
+fi
+tar czf "$OUTDIR/round.tar.gz" -C "$WORK" round
+echo "==== summary ($(cat "$LOGS/date.txt"), $(nvidia-smi -L | wc -l) GPUs)"
+grep -h '^SMOKE' "$LOGS"/*.log
+grep -hE 'round trip|copy engine|bidirectional|^(all_reduce|all_gather|reduce_scatter|all_to_all|allreduce|allgather|reducescatter|alltoall)[a-z_]* 1073741824' "$LOGS/calibration.log" 2>/dev/null | head -20
+cat "$LOGS/tests.txt"

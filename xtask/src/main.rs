@@ -1,0 +1,165 @@
+//! `cargo xtask <command>`: Purlin's workflows.
+//!
+//! - `nvrtc`      install the pinned NVRTC wheel under target/ (if no libnvrtc is found there)
+//! - `test`       set NVRTC up, then `cargo test --workspace` (the README's test command)
+//! - `gpu-round`  build everything a GPU round needs into ./gpu-round (see ARCHITECTURE.md)
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use xtask::{NVRTC_WHEEL, nvrtc_install_dir, nvrtc_lib_dir, workspace_root};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = args.split_first().map(|(c, r)| (c.as_str(), r)).unwrap_or(("help", &[]));
+    match cmd {
+        "nvrtc" => ensure_nvrtc().map(|dir| println!("NVRTC: {}", dir.display())),
+        "test" => test(rest),
+        "gpu-round" => gpu_round(rest),
+        _ => {
+            eprintln!("usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--out DIR]>");
+            if cmd == "help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
+        }
+    }
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {cmd:?}");
+    let status = cmd.status().with_context(|| format!("spawn {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Finds libnvrtc like the runtime does; where none is found, installs the pinned wheel
+/// under target/ with pip. A failed install is an error (the compile checks must run).
+fn ensure_nvrtc() -> Result<PathBuf> {
+    let local = nvrtc_lib_dir();
+    if local.join("libnvrtc.so.13").is_file() {
+        return Ok(local);
+    }
+    if let Some(found) = purlin_atom::nvrtc::search_dirs().into_iter().find(|d| d.join("libnvrtc.so.13").is_file()) {
+        return Ok(found);
+    }
+    let python = ["python3", "python"]
+        .into_iter()
+        .find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .context("no python3 to install the NVRTC wheel with")?;
+    run(Command::new(python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--target"])
+        .arg(nvrtc_install_dir())
+        .arg(NVRTC_WHEEL))
+    .context("installing the pinned NVRTC wheel")?;
+    if !local.join("libnvrtc.so.13").is_file() {
+        bail!("pip installed {NVRTC_WHEEL} but {} has no libnvrtc.so.13", local.display());
+    }
+    Ok(local)
+}
+
+fn test(args: &[String]) -> Result<()> {
+    let nvrtc = ensure_nvrtc()?;
+    run(cargo().args(["test", "--workspace"]).args(args).env(purlin_atom::nvrtc::NVRTC_DIR_ENV, nvrtc))
+}
+
+/// Builds ./gpu-round: stripped test executables, the prebuilt sm_90 kernel cache, the
+/// calibration scripts and run.sh. On the GPU machine: `bash gpu-round/run.sh` (writes
+/// `round.tar.gz` into $OUT, or the directory given as its argument).
+fn gpu_round(args: &[String]) -> Result<()> {
+    let root = workspace_root();
+    let out = match args {
+        [flag, dir] if flag == "--out" => PathBuf::from(dir),
+        [] => root.join("gpu-round"),
+        _ => bail!("usage: cargo xtask gpu-round [--out DIR]"),
+    };
+    let nvrtc = ensure_nvrtc()?;
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("clean {}", out.display()))?;
+    }
+    let bin = out.join("bin");
+    std::fs::create_dir_all(&bin)?;
+
+    // Test executables: GPU tests are #[ignore]d and run there with --ignored.
+    let json = cargo()
+        .args(["test", "--release", "--workspace", "--no-run", "--message-format=json-render-diagnostics"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !json.status.success() {
+        bail!("building the test executables failed");
+    }
+    let mut copied = 0;
+    for line in String::from_utf8_lossy(&json.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else { continue };
+        let package = msg["package_id"].as_str().unwrap_or_default();
+        // Only the project's own crates carry GPU tests.
+        if !package.contains("/crates/") && !package.contains("/benches") {
+            continue;
+        }
+        let target = msg["target"]["name"].as_str().unwrap_or("test");
+        let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
+        let dest = bin.join(format!("{target}-{kind}"));
+        std::fs::copy(exe, &dest).with_context(|| format!("copy {exe}"))?;
+        run(Command::new("strip").arg(&dest))?;
+        copied += 1;
+    }
+    if copied == 0 {
+        bail!("no test executables found");
+    }
+
+    // The sm_90 kernel cache, compiled here so the GPU machine loads CUBINs at once.
+    let cache = purlin_atom::KernelCache::new(out.join("kernel-cache"));
+    // SAFETY: set_var before any thread of this process reads the environment.
+    unsafe { std::env::set_var(purlin_atom::nvrtc::NVRTC_DIR_ENV, &nvrtc) };
+    for unit in purlin_collectives::kernels::all_units() {
+        let k = cache.get_or_compile(&unit, purlin_atom::Arch::SM90)?;
+        eprintln!("kernel cache: {}", k.key);
+    }
+
+    let calibration = root.join("../shared/calibration");
+    if calibration.is_dir() {
+        copy_dir(&calibration, &out.join("calibration"))?;
+    } else {
+        eprintln!("warning: {} not found; the round runs without calibration", calibration.display());
+    }
+    std::fs::write(out.join("run.sh"), RUN_SH)?;
+    let size: u64 = walk(&out).iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
+    println!("gpu-round ready: {} ({copied} test executables, {:.1} MiB)", out.display(), size as f64 / 1048576.0);
+    if size > 60 << 20 {
+        bail!("the round is {size} bytes: over the 64 MiB the device tool carries");
+    }
+    Ok(())
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() { files.extend(walk(&p)) } else { files.push(p) }
+    }
+    files
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        if e.path().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name()))?;
+        }
+    }
+    Ok(())
+}
+
+const RUN_SH: &str = include_str!("../gpu-round/run.sh");
