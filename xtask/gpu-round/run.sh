@@ -30,5 +30,5 @@ fi
 tar czf "$OUTDIR/round.tar.gz" -C "$WORK" round
 echo "==== summary ($(cat "$LOGS/date.txt"), $(nvidia-smi -L | wc -l) GPUs)"
 grep -h '^SMOKE' "$LOGS"/*.log
-grep -hE 'round trip|copy engine|bidirectional|^(all_reduce|all_gather|reduce_scatter|all_to_all|allreduce|allgather|reducescatter|alltoall)[a-z_]* 1073741824' "$LOGS/calibration.log" 2>/dev/null | head -20
+grep -hE 'round trip|copy engine|bidirectional|^nccl_[a-z_]+ (1024|1073741824) ' "$LOGS/calibration.log" 2>/dev/null | head -24
 cat "$LOGS/tests.txt"
