@@ -63,5 +63,24 @@ __device__ __forceinline__ bool wait_geq_sys(const u64* flag, u64 target, u64 ti
   return true;
 }
 
+// A 16-byte packet of the latency regime (DESIGN.md §3.2): 8 bytes of data and an 8-byte
+// flag, stored and loaded as one 16-byte vector access so that stage and notify are one
+// remote write. Whether such a packet can land torn is measured by the packet stress test
+// (kernels/snac/packet_stress.cu) before the executor relies on it.
+struct Packet16 {
+  u64 data;
+  u64 flag;
+};
+
+__device__ __forceinline__ void st_packet16_sys(Packet16* p, u64 data, u64 flag) {
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(data), "l"(flag) : "memory");
+}
+
+__device__ __forceinline__ Packet16 ld_packet16_sys(const Packet16* p) {
+  Packet16 v;
+  asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.data), "=l"(v.flag) : "l"(p) : "memory");
+  return v;
+}
+
 }  // namespace sync
 }  // namespace purlin

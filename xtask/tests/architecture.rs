@@ -105,8 +105,13 @@ fn memory_ordering_code_lives_only_in_sync_cuh() {
     assert!(ORDERING_MARKERS.iter().any(|m| strip_comments(&sync.text).contains(m)));
     // Comments may talk about ordering; code outside sync.cuh may not do it.
     snac.push(file("kernels/snac/ok.cu", "// a release store happens in sync.cuh\nint x;\n"));
+    snac.push(file("kernels/snac/ok2.cu", "void g(u64* p) { purlin::sync::st_release_sys(p, 1); }\n"));
     check_ordering_only_in_sync(&snac).unwrap();
     snac.push(file("kernels/snac/bad.cu", "__device__ void f() { __threadfence_system(); }\n"));
+    assert!(check_ordering_only_in_sync(&snac).is_err());
+    snac.pop();
+    let inline_ptx = "asm volatile(\"ld.acquire.sys.global.u64 %0, [%1];\" : \"=l\"(v) : \"l\"(p));";
+    snac.push(file("kernels/snac/bad.cu", inline_ptx));
     assert!(check_ordering_only_in_sync(&snac).is_err());
 }
 

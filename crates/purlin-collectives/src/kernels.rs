@@ -8,6 +8,9 @@ pub const SYNC_CUH: &str = include_str!("../../../kernels/snac/sync.cuh");
 /// The device smoke-test kernels.
 pub const SMOKE_CU: &str = include_str!("../../../kernels/snac/smoke.cu");
 
+/// The torn-packet stress test (latency regime's 16-byte packets).
+pub const PACKET_STRESS_CU: &str = include_str!("../../../kernels/snac/packet_stress.cu");
+
 /// The smoke-test translation unit.
 pub fn smoke_unit() -> TranslationUnit {
     TranslationUnit {
@@ -18,7 +21,17 @@ pub fn smoke_unit() -> TranslationUnit {
     }
 }
 
+/// The torn-packet stress-test translation unit.
+pub fn packet_stress_unit() -> TranslationUnit {
+    TranslationUnit {
+        name: "purlin_packet_stress".into(),
+        source: PACKET_STRESS_CU.into(),
+        headers: vec![("sync.cuh".into(), SYNC_CUH.into())],
+        options: vec![],
+    }
+}
+
 /// Every translation unit the runtime can request, for prebuilding and compile checks.
 pub fn all_units() -> Vec<TranslationUnit> {
-    vec![smoke_unit()]
+    vec![smoke_unit(), packet_stress_unit()]
 }

@@ -132,26 +132,28 @@ fn enable_peer_access(a: &Arc<CudaContext>, b: &Arc<CudaContext>) -> Result<Vec<
     Ok(out)
 }
 
-/// A flag word allocated with `cuMemAlloc` (peer access applies to it; cudarc's
+/// Zeroed device memory allocated with `cuMemAlloc` (peer access applies to it; cudarc's
 /// stream-ordered pool memory would need pool access rights instead).
-struct RawFlag {
+struct RawBuffer {
     ctx: Arc<CudaContext>,
     ptr: sys::CUdeviceptr,
 }
 
-impl RawFlag {
-    fn new(ctx: &Arc<CudaContext>) -> Result<Self, SmokeError> {
+impl RawBuffer {
+    fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, SmokeError> {
         ctx.bind_to_thread()?;
         let mut ptr = 0;
         // SAFETY: the context is current; out-pointer valid.
-        unsafe { sys::cuMemAlloc_v2(&mut ptr, 8) }.result()?;
-        // SAFETY: `ptr` is a fresh allocation of 8 bytes.
-        unsafe { sys::cuMemsetD8_v2(ptr, 0, 8) }.result()?;
-        Ok(Self { ctx: ctx.clone(), ptr })
+        unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }.result()?;
+        let buffer = Self { ctx: ctx.clone(), ptr };
+        // SAFETY: `ptr` is a fresh allocation of `bytes` bytes; the memset completes before
+        // any kernel can see the buffer (it is synchronous with respect to the host).
+        unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) }.result()?;
+        Ok(buffer)
     }
 }
 
-impl Drop for RawFlag {
+impl Drop for RawBuffer {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once; the
@@ -165,7 +167,7 @@ fn ping_pong(
     contexts: &[Arc<CudaContext>],
     modules: &[Arc<cudarc::driver::CudaModule>],
 ) -> Result<(u64, f64), SmokeError> {
-    let flags = [RawFlag::new(&contexts[0])?, RawFlag::new(&contexts[1])?];
+    let flags = [RawBuffer::zeroed(&contexts[0], 8)?, RawBuffer::zeroed(&contexts[1], 8)?];
     let streams: Vec<_> = contexts.iter().map(|c| c.default_stream()).collect();
     let mut results = Vec::new();
     for s in &streams {
@@ -204,4 +206,86 @@ fn ping_pong(
         }
     }
     Ok((initiator[0], initiator[1] as f64 / initiator[0] as f64 / 1e3))
+}
+
+/// Result of the torn-packet stress test, summed over both directions.
+#[derive(Debug, Clone, Copy)]
+pub struct PacketStress {
+    /// 16-byte packets received and checked.
+    pub packets: u64,
+    /// Packets whose flag was the round's but whose data was not: torn.
+    pub torn: u64,
+    /// Receiver blocks whose bounded wait expired (0 on a healthy run).
+    pub timed_out_blocks: u64,
+    /// Wall time of the test on the host, seconds.
+    pub seconds: f64,
+}
+
+/// Pushes `rounds × pairs × per_block` 16-byte packets from each of GPUs 0 and 1 into the
+/// other's window, both directions at once, and counts torn packets
+/// (`kernels/snac/packet_stress.cu`). Needs two GPUs with peer access.
+pub fn packet_stress(cache: &KernelCache, pairs: u32, per_block: u32, rounds: u32) -> Result<PacketStress, SmokeError> {
+    if purlin_topo::device_count() < 2 {
+        return Err(SmokeError::NoDevice);
+    }
+    let contexts = [CudaContext::new(0)?, CudaContext::new(1)?];
+    if !enable_peer_access(&contexts[0], &contexts[1])?.iter().all(|p| p.2) {
+        return Err(SmokeError::Wrong { device: 0, what: "no peer access between GPUs 0 and 1".into() });
+    }
+    let unit = crate::kernels::packet_stress_unit();
+    let window_bytes = 2 * pairs as usize * per_block as usize * 16;
+    let mut windows = Vec::new();
+    let mut acks = Vec::new();
+    let mut functions = Vec::new();
+    for ctx in &contexts {
+        let (major, minor) = ctx.compute_capability()?;
+        let compiled = cache.get_or_compile(&unit, Arch { major: major as u32, minor: minor as u32 })?;
+        let module = ctx.load_module(Ptx::from_binary(compiled.cubin))?;
+        functions.push(module.load_function("purlin_packet_stress")?);
+        windows.push(RawBuffer::zeroed(ctx, window_bytes)?);
+        acks.push(RawBuffer::zeroed(ctx, pairs as usize * 8)?);
+    }
+    let streams: Vec<_> = contexts.iter().map(|c| c.default_stream()).collect();
+    let mut results = Vec::new();
+    for s in &streams {
+        results.push(s.alloc_zeros::<u64>(4 * pairs as usize)?);
+    }
+    let timeout_ns: u64 = 5_000_000_000;
+    let started = std::time::Instant::now();
+    for side in [1usize, 0] {
+        let peer = 1 - side;
+        let (peer_window, my_window) = (windows[peer].ptr, windows[side].ptr);
+        let (peer_acks, my_acks) = (acks[peer].ptr, acks[side].ptr);
+        let mut launch = streams[side].launch_builder(&functions[side]);
+        launch
+            .arg(&peer_window)
+            .arg(&my_window)
+            .arg(&peer_acks)
+            .arg(&my_acks)
+            .arg(&pairs)
+            .arg(&per_block)
+            .arg(&rounds)
+            .arg(&timeout_ns)
+            .arg(&mut results[side]);
+        let grid = LaunchConfig { grid_dim: (2 * pairs, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the signature is (Packet16*, Packet16*, u64*, u64*, u32, u32, u32, u64, u64*);
+        // both windows hold 2 * pairs * per_block packets and both ack arrays `pairs` words, all
+        // cuMemAlloc memory reachable through the peer access enabled above; `results` holds
+        // 4 * pairs words; every wait in the kernel is bounded by `timeout_ns`.
+        unsafe { launch.launch(grid) }?;
+    }
+    for s in &streams {
+        s.synchronize()?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let mut total = PacketStress { packets: 0, torn: 0, timed_out_blocks: 0, seconds };
+    for (s, r) in streams.iter().zip(&results) {
+        let r = s.clone_dtoh(r)?;
+        for block in r.chunks_exact(4) {
+            total.packets += block[0];
+            total.torn += block[1];
+            total.timed_out_blocks += block[2];
+        }
+    }
+    Ok(total)
 }

@@ -26,3 +26,20 @@ fn device_smoke() {
         println!("SMOKE ping-pong gpu0<->gpu1: {rounds} rounds, round trip {rtt_us:.2} us (calibration: 1.55 us)");
     }
 }
+
+#[test]
+#[ignore = "needs two CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+fn sixteen_byte_packets_do_not_tear() {
+    // 32 block pairs × 4096 packets per block per round × 7700 rounds ≈ 1.01e9 packets per
+    // direction, both directions at once.
+    let (pairs, per_block, rounds) = (32, 4096, 7700);
+    let r = purlin_collectives::smoke::packet_stress(&KernelCache::default_location(), pairs, per_block, rounds)
+        .expect("packet stress");
+    println!(
+        "PACKETS 16-byte packets over NVLink, both directions: {} checked, {} torn, {} timed-out blocks, {:.2} s",
+        r.packets, r.torn, r.timed_out_blocks, r.seconds
+    );
+    assert_eq!(r.timed_out_blocks, 0);
+    assert_eq!(r.packets, 2 * u64::from(pairs) * u64::from(per_block) * u64::from(rounds));
+    assert_eq!(r.torn, 0, "torn 16-byte packets: the latency regime must use 8-byte packets");
+}
