@@ -3,6 +3,7 @@
 //! - `nvrtc`      install the pinned NVRTC wheel under target/ (if no libnvrtc is found there)
 //! - `test`       set NVRTC up, then `cargo test --workspace` (the README's test command)
 //! - `gpu-round`  build everything a GPU round needs into ./gpu-round (see ARCHITECTURE.md)
+//! - `bench`      the collectives benchmark (`purlin-bench`), Purlin beside NCCL
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,8 +18,9 @@ fn main() -> Result<()> {
         "nvrtc" => ensure_nvrtc().map(|dir| println!("NVRTC: {}", dir.display())),
         "test" => test(rest),
         "gpu-round" => gpu_round(rest),
+        "bench" => bench(rest),
         _ => {
-            eprintln!("usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--out DIR]>");
+            eprintln!("usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--out DIR] | bench [bench args]>");
             if cmd == "help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
         }
     }
@@ -67,6 +69,15 @@ fn ensure_nvrtc() -> Result<PathBuf> {
 fn test(args: &[String]) -> Result<()> {
     let nvrtc = ensure_nvrtc()?;
     run(cargo().args(["test", "--workspace"]).args(args).env(purlin_atom::nvrtc::NVRTC_DIR_ENV, nvrtc))
+}
+
+/// Runs the collectives benchmark with NVRTC set up: `cargo xtask bench --help` lists its flags.
+fn bench(args: &[String]) -> Result<()> {
+    let nvrtc = ensure_nvrtc()?;
+    run(cargo()
+        .args(["run", "--quiet", "--release", "-p", "purlin-benches", "--bin", "purlin-bench", "--"])
+        .args(args)
+        .env(purlin_atom::nvrtc::NVRTC_DIR_ENV, nvrtc))
 }
 
 /// Builds ./gpu-round: stripped test executables, the prebuilt sm_90 kernel cache, the
