@@ -18,11 +18,21 @@ nvidia-smi topo -m >"$LOGS/topo.txt" 2>&1
 : >"$LOGS/tests.txt"
 for t in "$HERE"/bin/*; do
   name=$(basename "$t")
+  # PURLIN_TESTS: a regex of test executables to run (default: all).
+  [[ "$name" =~ ${PURLIN_TESTS:-.} ]] || continue
   timeout 420 "$t" --ignored --test-threads=1 --nocapture >"$LOGS/$name.log" 2>&1
   rc=$?
   result=$(grep -E '^test result:' "$LOGS/$name.log" | tail -1)
   echo "$name rc=$rc ${result:-no test result}" >>"$LOGS/tests.txt"
 done
+# commands.txt: one program run per line, from the round's folder (benchmarks, torchrun).
+n=0
+while IFS= read -r line; do
+  case "$line" in ''|'#'*) continue ;; esac
+  n=$((n + 1))
+  (cd "$HERE" && timeout 300 bash -c "$line") >"$LOGS/cmd-$n.log" 2>&1
+  echo "cmd-$n rc=$? $line" >>"$LOGS/tests.txt"
+done <"$HERE/commands.txt"
 if [ -d "$HERE/calibration" ] && [ "${PURLIN_SKIP_CALIBRATION:-0}" != 1 ]; then
   timeout 420 bash "$HERE/calibration/run.sh" >"$LOGS/calibration.log" 2>&1
   echo "calibration rc=$?" >>"$LOGS/tests.txt"

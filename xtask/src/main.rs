@@ -20,7 +20,9 @@ fn main() -> Result<()> {
         "gpu-round" => gpu_round(rest),
         "bench" => bench(rest),
         _ => {
-            eprintln!("usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--out DIR] | bench [bench args]>");
+            eprintln!(
+                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--out DIR] | bench [bench args]>"
+            );
             if cmd == "help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
         }
     }
@@ -129,6 +131,27 @@ fn gpu_round(args: &[String]) -> Result<()> {
         bail!("no test executables found");
     }
 
+    // Example and binary programs (benchmarks, torchrun checks), run by commands.txt lines.
+    let json = cargo()
+        .args(["build", "--release", "--workspace", "--bins", "--examples", "--message-format=json-render-diagnostics"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo build --examples")?;
+    if !json.status.success() {
+        bail!("building the example and binary programs failed");
+    }
+    for line in String::from_utf8_lossy(&json.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(exe), Some(name)) = (msg["executable"].as_str(), msg["target"]["name"].as_str()) else { continue };
+        if msg["reason"] != "compiler-artifact" || name == "xtask" {
+            continue;
+        }
+        let dest = out.join(name);
+        std::fs::copy(exe, &dest).with_context(|| format!("copy {exe}"))?;
+        run(Command::new("strip").arg(&dest))?;
+    }
+    std::fs::write(out.join("commands.txt"), COMMANDS_TXT)?;
+
     // The sm_90 kernel cache, compiled here so the GPU machine loads CUBINs at once.
     let cache = purlin_atom::KernelCache::new(out.join("kernel-cache"));
     // SAFETY: set_var before any thread of this process reads the environment.
@@ -174,3 +197,4 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 }
 
 const RUN_SH: &str = include_str!("../gpu-round/run.sh");
+const COMMANDS_TXT: &str = include_str!("../gpu-round/commands.txt");
