@@ -1,13 +1,29 @@
 //! Purlin's datapath: the **Atom**.
 //!
-//! Two primitives, `copy` and N-to-1 `reduce`, on local or peer device pointers
-//! (one CUDA implementation per GPU generation, in `kernels/atom/`) and on host memory.
+//! Two primitives, `copy` and N-to-1 `reduce`, on local or peer device pointers (one CUDA
+//! implementation per GPU generation, in `kernels/atom/`) and on host memory.
+//!
+//! Module map:
+//! - [`dtype`]: element types ([`DType`], [`AtomElem`], the fp8 types) and [`ReduceOp`].
+//! - [`host`]: the host Atom, the same contract on CPU memory, bit for bit.
+//! - [`generation`]: [`Generation`] (chosen from the compute capability, overridable),
+//!   [`AtomSpec`] (generation + sizing) and the headers an executor's translation unit gets.
+//! - [`sources`]: the CUDA sources, embedded, and the standalone kernels' translation units.
+//! - [`nvrtc`]: libnvrtc discovery, NVRTC → CUBIN, the on-disk [`KernelCache`].
+//! - [`device`]: [`DeviceAtom`], the standalone device API (raw and on cudarc buffers).
 //!
 //! Architecture invariant: this crate knows nothing about collectives, ranks' roles,
 //! signals or epochs. It depends only on hardware crates (cudarc), never on purlin-snac.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod device;
+pub mod dtype;
+pub mod generation;
+pub mod host;
 pub mod nvrtc;
 pub mod sources;
 
+pub use device::{AtomError, DeviceAtom, DeviceBuffer, MAX_SOURCES};
+pub use dtype::{AtomElem, DType, F8E4M3, F8E5M2, ReduceOp};
+pub use generation::{AtomParams, AtomSpec, Generation, GenerationError, atom_headers};
 pub use nvrtc::{Arch, CompiledKernel, KernelCache, NvrtcError, TranslationUnit};

@@ -1,0 +1,329 @@
+// Shared by every Atom generation: element types, conversions, reduce operators, the
+// block-share driver (pointer alignment, heads and tails) and small PTX helpers.
+//
+// Self-contained: no CUDA headers (NVRTC from the pip wheel has none). Conversions are
+// written out so that the host Atom (crates/purlin-atom/src/host.rs) can mirror them bit
+// for bit:
+//   - 8- and 16-bit floats accumulate in f32; results round to nearest even, once;
+//   - e4m3 (the "fn" variant: no infinities) saturates to +-448 on overflow and on +-Inf;
+//   - e5m2 overflows to +-Inf;
+//   - NaN stays NaN (payloads are not specified);
+//   - min/max propagate NaN (a NaN operand gives NaN), and on ties keep the earlier rank;
+//   - i32/u32 sum and prod wrap (two's complement).
+// This file never includes anything from kernels/snac/.
+#pragma once
+
+namespace purlin {
+namespace atom {
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+
+// The largest number of sources one reduce() combines.
+constexpr u32 kMaxSources = 16;
+// Pointer alignment the vector paths need; anything element-aligned is accepted.
+constexpr u32 kAlign = 16;
+
+struct alignas(16) V16 {
+  u32 w[4];
+};
+
+// ---------------------------------------------------------------- small PTX helpers
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u64 a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return (u32)a;
+}
+
+__device__ __forceinline__ V16 ld_global_v16(const void* p) {
+  V16 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void st_global_v16(void* p, const V16& v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+               "r"(v.w[3])
+               : "memory");
+}
+
+__device__ __forceinline__ V16 ld_shared_v16(u32 addr) {
+  V16 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float bits_f32(u32 b) { return __uint_as_float(b); }
+__device__ __forceinline__ u32 f32_bits(float f) { return __float_as_uint(f); }
+
+// ---------------------------------------------------------------- conversions
+
+// f16: the hardware conversions (sm_53+) are exact (f16 -> f32) and round to nearest even
+// (f32 -> f16, overflow to Inf), which is the contract.
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// bf16: software (sm_75 has no bf16 cvt); the same integer recipe as the host Atom.
+__device__ __forceinline__ float bf16_to_f32(u16 b) { return bits_f32((u32)b << 16); }
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+  u32 x = f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x0040u);  // quiet NaN, sign kept
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (u16)(x >> 16);
+}
+
+// fp8 decode: (EXP bits, MAN bits, BIAS); FN = no infinities (e4m3: only S.1111.111 is NaN).
+template <int EXP, int MAN, int BIAS, bool FN>
+__device__ __forceinline__ float fp8_to_f32(u8 c) {
+  const u32 sign = ((u32)c & 0x80u) << 24;
+  const u32 e = ((u32)c >> MAN) & ((1u << EXP) - 1u);
+  const u32 m = (u32)c & ((1u << MAN) - 1u);
+  if (FN) {
+    if (e == (1u << EXP) - 1u && m == (1u << MAN) - 1u) return bits_f32(sign | 0x7fc00000u);
+  } else if (e == (1u << EXP) - 1u) {
+    return bits_f32(sign | (m ? 0x7fc00000u : 0x7f800000u));
+  }
+  if (e == 0) {
+    // Subnormal: m * 2^(1 - BIAS - MAN), exact in f32.
+    const float mag = (float)m * bits_f32((u32)(127 + 1 - BIAS - MAN) << 23);
+    return bits_f32(f32_bits(mag) | sign);
+  }
+  return bits_f32(sign | ((e - BIAS + 127) << 23) | (m << (23 - MAN)));
+}
+
+// fp8 encode, round to nearest even. FN (e4m3): NaN -> NaN, overflow and +-Inf saturate to
+// the largest finite value. Otherwise (e5m2): overflow -> +-Inf, NaN -> quiet NaN.
+template <int EXP, int MAN, int BIAS, bool FN>
+__device__ __forceinline__ u8 f32_to_fp8(float f) {
+  const u32 x = f32_bits(f);
+  const u32 sign = (x >> 24) & 0x80u;
+  const u32 a = x & 0x7fffffffu;
+  const u32 max_code = FN ? ((1u << (EXP + MAN)) - 2u) : (((1u << EXP) - 2u) << MAN | ((1u << MAN) - 1u));
+  const u32 inf_code = ((1u << EXP) - 1u) << MAN;  // e5m2 only
+  if (a > 0x7f800000u) return (u8)(sign | (FN ? 0x7fu : (inf_code | (1u << (MAN - 1)))));
+  if (a == 0x7f800000u) return (u8)(sign | (FN ? max_code : inf_code));
+  const int e = (int)(a >> 23) - 127;
+  if (e < 1 - BIAS) {
+    // Below the smallest normal: m = rne(|f| * 2^(BIAS - 1 + MAN)); m == 2^MAN is the
+    // smallest normal, whose code is exactly 2^MAN.
+    const float scaled = bits_f32(a) * bits_f32((u32)(127 + BIAS - 1 + MAN) << 23);
+    float r;
+    asm("cvt.rni.f32.f32 %0, %1;" : "=f"(r) : "f"(scaled));
+    return (u8)(sign | (u32)r);
+  }
+  if (e > (int)((1u << EXP) - 1u) - BIAS) return (u8)(sign | (FN ? max_code : inf_code));
+  const u32 mant = a & 0x7fffffu;
+  u32 code = ((u32)(e + BIAS) << MAN) | (mant >> (23 - MAN));
+  const u32 rem = mant & ((1u << (23 - MAN)) - 1u);
+  const u32 half = 1u << (22 - MAN);
+  if (rem > half || (rem == half && (code & 1u))) code += 1u;
+  if (FN) {
+    if (code > max_code) code = max_code;
+  } else if (code > inf_code) {
+    code = inf_code;
+  }
+  return (u8)(sign | code);
+}
+
+// ---------------------------------------------------------------- element types
+//
+// Each type: `storage` (in memory), `acc` (accumulator), kLanes (elements per 16 bytes),
+// decode/encode of one element, and unpack/pack of one 16-byte vector.
+
+#define PURLIN_ATOM_WORD_LANES(T, BITS)                                                    \
+  static constexpr u32 kLanes = 16 / sizeof(storage);                                      \
+  __device__ __forceinline__ static void unpack(const V16& v, acc* a) {                    \
+    _Pragma("unroll") for (u32 i = 0; i < kLanes; ++i) {                                    \
+      a[i] = decode((storage)((v.w[i * BITS / 32] >> ((i * BITS) % 32)) & ((1ull << BITS) - 1))); \
+    }                                                                                      \
+  }                                                                                        \
+  __device__ __forceinline__ static V16 pack(const acc* a) {                               \
+    V16 v = {{0u, 0u, 0u, 0u}};                                                            \
+    _Pragma("unroll") for (u32 i = 0; i < kLanes; ++i) {                                    \
+      v.w[i * BITS / 32] |= (u32)encode(a[i]) << ((i * BITS) % 32);                         \
+    }                                                                                      \
+    return v;                                                                              \
+  }
+
+struct F32 {
+  typedef u32 storage;
+  typedef float acc;
+  __device__ __forceinline__ static float decode(u32 s) { return bits_f32(s); }
+  __device__ __forceinline__ static u32 encode(float a) { return f32_bits(a); }
+  PURLIN_ATOM_WORD_LANES(F32, 32)
+};
+struct F16 {
+  typedef u16 storage;
+  typedef float acc;
+  __device__ __forceinline__ static float decode(u16 s) { return f16_to_f32(s); }
+  __device__ __forceinline__ static u16 encode(float a) { return f32_to_f16(a); }
+  PURLIN_ATOM_WORD_LANES(F16, 16)
+};
+struct BF16 {
+  typedef u16 storage;
+  typedef float acc;
+  __device__ __forceinline__ static float decode(u16 s) { return bf16_to_f32(s); }
+  __device__ __forceinline__ static u16 encode(float a) { return f32_to_bf16(a); }
+  PURLIN_ATOM_WORD_LANES(BF16, 16)
+};
+struct E4M3 {
+  typedef u8 storage;
+  typedef float acc;
+  __device__ __forceinline__ static float decode(u8 s) { return fp8_to_f32<4, 3, 7, true>(s); }
+  __device__ __forceinline__ static u8 encode(float a) { return f32_to_fp8<4, 3, 7, true>(a); }
+  PURLIN_ATOM_WORD_LANES(E4M3, 8)
+};
+struct E5M2 {
+  typedef u8 storage;
+  typedef float acc;
+  __device__ __forceinline__ static float decode(u8 s) { return fp8_to_f32<5, 2, 15, false>(s); }
+  __device__ __forceinline__ static u8 encode(float a) { return f32_to_fp8<5, 2, 15, false>(a); }
+  PURLIN_ATOM_WORD_LANES(E5M2, 8)
+};
+struct I32 {
+  typedef u32 storage;
+  typedef i32 acc;
+  __device__ __forceinline__ static i32 decode(u32 s) { return (i32)s; }
+  __device__ __forceinline__ static u32 encode(i32 a) { return (u32)a; }
+  PURLIN_ATOM_WORD_LANES(I32, 32)
+};
+struct U32 {
+  typedef u32 storage;
+  typedef u32 acc;
+  __device__ __forceinline__ static u32 decode(u32 s) { return s; }
+  __device__ __forceinline__ static u32 encode(u32 a) { return a; }
+  PURLIN_ATOM_WORD_LANES(U32, 32)
+};
+#undef PURLIN_ATOM_WORD_LANES
+
+// ---------------------------------------------------------------- reduce operators
+// apply(a, b): a is the running value (earlier ranks), b the next rank's element.
+
+__device__ __forceinline__ bool is_nan(float x) { return x != x; }
+
+struct Sum {
+  __device__ __forceinline__ static float apply(float a, float b) { return a + b; }
+  __device__ __forceinline__ static i32 apply(i32 a, i32 b) { return (i32)((u32)a + (u32)b); }
+  __device__ __forceinline__ static u32 apply(u32 a, u32 b) { return a + b; }
+};
+struct Prod {
+  __device__ __forceinline__ static float apply(float a, float b) { return a * b; }
+  __device__ __forceinline__ static i32 apply(i32 a, i32 b) { return (i32)((u32)a * (u32)b); }
+  __device__ __forceinline__ static u32 apply(u32 a, u32 b) { return a * b; }
+};
+struct Min {
+  __device__ __forceinline__ static float apply(float a, float b) { return is_nan(a) ? a : (is_nan(b) || b < a) ? b : a; }
+  __device__ __forceinline__ static i32 apply(i32 a, i32 b) { return b < a ? b : a; }
+  __device__ __forceinline__ static u32 apply(u32 a, u32 b) { return b < a ? b : a; }
+};
+struct Max {
+  __device__ __forceinline__ static float apply(float a, float b) { return is_nan(a) ? a : (is_nan(b) || b > a) ? b : a; }
+  __device__ __forceinline__ static i32 apply(i32 a, i32 b) { return b > a ? b : a; }
+  __device__ __forceinline__ static u32 apply(u32 a, u32 b) { return b > a ? b : a; }
+};
+
+// ---------------------------------------------------------------- the block-share driver
+//
+// A generation supplies an Engine with two block-cooperative loops over 16-byte vectors,
+// all pointers 16-byte aligned:
+//   Engine::copy_vectors(dst, src, nvec, smem)
+//   Engine::reduce_vectors<T, Op>(dst, srcs, off, n, nvec, smem)
+// (source r's vectors start at srcs[r] + off bytes; srcs is a table in shared memory)
+// and the driver below adds what every generation shares: the entry and exit barriers of
+// the completion contract, the scalar heads and tails, and the scalar path for pointers
+// whose alignments differ.
+
+__device__ __forceinline__ u32 tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+__device__ __forceinline__ u32 nthreads() { return blockDim.x * blockDim.y * blockDim.z; }
+
+__device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes) {
+  for (u64 i = tid(); i < bytes; i += nthreads()) dst[i] = src[i];
+}
+
+template <class Engine>
+__device__ __forceinline__ void copy_share(void* dst_, const void* src_, u64 bytes, void* smem) {
+  u8* dst = (u8*)dst_;
+  const u8* src = (const u8*)src_;
+  __syncthreads();  // the workspace is ours from here
+  if ((((u64)dst ^ (u64)src) & 15u) == 0) {
+    u64 head = (16u - ((u64)dst & 15u)) & 15u;
+    if (head > bytes) head = bytes;
+    copy_bytes(dst, src, head);
+    const u64 nvec = (bytes - head) / 16u;
+    if (nvec) Engine::copy_vectors((V16*)(dst + head), (const V16*)(src + head), nvec, smem);
+    const u64 done = head + nvec * 16u;
+    copy_bytes(dst + done, src + done, bytes - done);
+  } else if ((((u64)dst ^ (u64)src) & 3u) == 0) {
+    u64 head = (4u - ((u64)dst & 3u)) & 3u;
+    if (head > bytes) head = bytes;
+    copy_bytes(dst, src, head);
+    const u64 nw = (bytes - head) / 4u;
+    u32* d = (u32*)(dst + head);
+    const u32* s = (const u32*)(src + head);
+    for (u64 i = tid(); i < nw; i += nthreads()) d[i] = s[i];
+    const u64 done = head + nw * 4u;
+    copy_bytes(dst + done, src + done, bytes - done);
+  } else {
+    copy_bytes(dst, src, bytes);
+  }
+  __syncthreads();  // completion: every thread's reads and writes are performed
+}
+
+// Scalar reduce of elements [begin, end) of every source (table in shared memory).
+template <class T, class Op>
+__device__ __forceinline__ void reduce_scalar(typename T::storage* dst, const u64* srcs, u32 n, u64 begin, u64 end) {
+  typedef typename T::storage S;
+  for (u64 i = begin + tid(); i < end; i += nthreads()) {
+    typename T::acc a = T::decode(((const S*)srcs[0])[i]);
+    for (u32 r = 1; r < n; ++r) a = Op::apply(a, T::decode(((const S*)srcs[r])[i]));
+    dst[i] = T::encode(a);
+  }
+}
+
+template <class Engine, class T, class Op>
+__device__ __forceinline__ void reduce_share(void* dst_, const void* const* srcs_in, u32 n, u64 count, u64 src_offset,
+                                             void* smem) {
+  typedef typename T::storage S;
+  __shared__ u64 table[kMaxSources];
+  __syncthreads();  // the workspace and the table are ours from here
+  if (n > kMaxSources) n = kMaxSources;  // the host API rejects this; never read past the table
+  if (tid() < n) table[tid()] = (u64)srcs_in[tid()] + src_offset;
+  __syncthreads();
+  S* dst = (S*)dst_;
+  const u64 mis = (u64)dst & 15u;
+  bool aligned = true;
+  for (u32 r = 0; r < n; ++r) aligned = aligned && ((table[r] & 15u) == mis);
+  if (n == 0 || count == 0) {
+    // nothing to do
+  } else if (aligned && mis % sizeof(S) == 0) {
+    u64 head = ((16u - mis) & 15u) / sizeof(S);
+    if (head > count) head = count;
+    reduce_scalar<T, Op>(dst, table, n, 0, head);
+    const u64 nvec = (count - head) / T::kLanes;
+    if (nvec) Engine::template reduce_vectors<T, Op>((V16*)(dst + head), table, head * sizeof(S), n, nvec, smem);
+    reduce_scalar<T, Op>(dst, table, n, head + nvec * T::kLanes, count);
+  } else {
+    reduce_scalar<T, Op>(dst, table, n, 0, count);
+  }
+  __syncthreads();  // completion: every thread's reads and writes are performed
+}
+
+}  // namespace atom
+}  // namespace purlin

@@ -1,0 +1,33 @@
+// The Hopper Atom (sm_90): the cp.async pipeline of the Ampere Atom, sized for
+// Hopper's NVLink bandwidth-delay product (~1 MiB in flight per GPU: 64 KiB per block x 16
+// blocks). A bulk-copy (TMA) variant is not used: the reference measured cp.async faster.
+// Supplied to executors as "atom_impl.cuh".
+#pragma once
+#if __has_include("atom_config.cuh")
+#include "atom_config.cuh"
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this Atom needs sm_90+"
+#endif
+#include "atom_common.cuh"
+#include "engine_cp_async.cuh"
+
+#ifndef PURLIN_ATOM_THREADS
+#define PURLIN_ATOM_THREADS 512
+#endif
+#ifndef PURLIN_ATOM_STAGES
+#define PURLIN_ATOM_STAGES 5
+#endif
+#ifndef PURLIN_ATOM_VECS
+#define PURLIN_ATOM_VECS 2
+#endif
+
+namespace purlin {
+namespace atom {
+constexpr u32 kGeneration = 3;
+constexpr u32 kThreads = PURLIN_ATOM_THREADS;
+typedef CpAsyncEngine<PURLIN_ATOM_STAGES, PURLIN_ATOM_VECS> Engine;
+}  // namespace atom
+}  // namespace purlin
+
+#include "atom_api.cuh"

@@ -1,0 +1,93 @@
+// The standalone Atom kernels (purlin-atom's DeviceAtom): one whole-grid entry per
+// primitive, each block calling the Atom on its share, plus the conversion kernels the
+// device tests compare with the host Atom. Includes only the interface.
+#include "atom.cuh"
+
+using namespace purlin::atom;
+
+// Shares are multiples of 4 KiB, so every block's share keeps the buffers' alignment.
+__device__ __forceinline__ void block_share(u64 total, u64 granule, u64* begin, u64* end) {
+  u64 per = (total + gridDim.x - 1) / gridDim.x;
+  per = (per + granule - 1) / granule * granule;
+  u64 b = per * blockIdx.x;
+  if (b > total) b = total;
+  u64 e = b + per;
+  if (e > total) e = total;
+  *begin = b;
+  *end = e;
+}
+
+extern "C" __global__ void __launch_bounds__(PURLIN_ATOM_THREADS) purlin_atom_copy(u64 dst, u64 src, u64 bytes) {
+  extern __shared__ V16 purlin_atom_smem[];
+  u64 b, e;
+  block_share(bytes, 4096, &b, &e);
+  copy((u8*)dst + b, (const u8*)src + b, e - b, purlin_atom_smem);
+}
+
+struct SrcPtrs {
+  u64 p[kMaxSources];
+};
+
+#define PURLIN_ATOM_REDUCE_KERNEL(NAME, T, OP)                                                               \
+  extern "C" __global__ void __launch_bounds__(PURLIN_ATOM_THREADS)                                          \
+      purlin_atom_reduce_##NAME(u64 dst, const __grid_constant__ SrcPtrs srcs, u32 n, u64 count) {          \
+    extern __shared__ V16 purlin_atom_smem[];                                                                \
+    typedef T::storage S;                                                                                    \
+    u64 b, e;                                                                                                \
+    block_share(count, 4096 / sizeof(S), &b, &e);                                                            \
+    reduce<T, OP>((S*)dst + b, (const void* const*)srcs.p, n, e - b, b * sizeof(S), purlin_atom_smem);       \
+  }
+
+#define PURLIN_ATOM_REDUCE_OPS(TNAME, T)          \
+  PURLIN_ATOM_REDUCE_KERNEL(TNAME##_sum, T, Sum)   \
+  PURLIN_ATOM_REDUCE_KERNEL(TNAME##_prod, T, Prod) \
+  PURLIN_ATOM_REDUCE_KERNEL(TNAME##_min, T, Min)   \
+  PURLIN_ATOM_REDUCE_KERNEL(TNAME##_max, T, Max)
+
+// One translation unit per element type keeps each NVRTC compile short (purlin-atom
+// compiles them lazily and in parallel): -DPURLIN_ATOM_WITH_<TYPE> selects the reduce and
+// conversion kernels; without any, the unit holds the copy kernel only.
+#ifdef PURLIN_ATOM_WITH_F32
+PURLIN_ATOM_REDUCE_OPS(f32, F32)
+#endif
+#ifdef PURLIN_ATOM_WITH_F16
+PURLIN_ATOM_REDUCE_OPS(f16, F16)
+#endif
+#ifdef PURLIN_ATOM_WITH_BF16
+PURLIN_ATOM_REDUCE_OPS(bf16, BF16)
+#endif
+#ifdef PURLIN_ATOM_WITH_E4M3
+PURLIN_ATOM_REDUCE_OPS(e4m3, E4M3)
+#endif
+#ifdef PURLIN_ATOM_WITH_E5M2
+PURLIN_ATOM_REDUCE_OPS(e5m2, E5M2)
+#endif
+#ifdef PURLIN_ATOM_WITH_I32
+PURLIN_ATOM_REDUCE_OPS(i32, I32)
+#endif
+#ifdef PURLIN_ATOM_WITH_U32
+PURLIN_ATOM_REDUCE_OPS(u32, U32)
+#endif
+
+// Conversions, for the device tests: decode codes to f32 bits, encode f32 bits to codes.
+#define PURLIN_ATOM_CONVERT_KERNELS(TNAME, T)                                                       \
+  extern "C" __global__ void purlin_atom_decode_##TNAME(u32* out, const T::storage* in, u64 n) {    \
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) \
+      out[i] = __float_as_uint(T::decode(in[i]));                                                   \
+  }                                                                                                 \
+  extern "C" __global__ void purlin_atom_encode_##TNAME(T::storage* out, const u32* in, u64 n) {    \
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) \
+      out[i] = T::encode(__uint_as_float(in[i]));                                                   \
+  }
+#ifdef PURLIN_ATOM_WITH_F16
+PURLIN_ATOM_CONVERT_KERNELS(f16, F16)
+#endif
+#ifdef PURLIN_ATOM_WITH_BF16
+PURLIN_ATOM_CONVERT_KERNELS(bf16, BF16)
+#endif
+#ifdef PURLIN_ATOM_WITH_E4M3
+PURLIN_ATOM_CONVERT_KERNELS(e4m3, E4M3)
+#endif
+#ifdef PURLIN_ATOM_WITH_E5M2
+PURLIN_ATOM_CONVERT_KERNELS(e5m2, E5M2)
+#endif
