@@ -1,0 +1,222 @@
+//! Plan derivation: from a [`CollectiveSpec`] and a [`PlanConfig`] to one [`Plan`] per rank.
+//!
+//! Derivation is total over valid inputs (it returns a typed [`DeriveError`] otherwise, never
+//! panics) and deterministic. Plan shapes:
+//!
+//! | collective | latency | throughput |
+//! |---|---|---|
+//! | AllGather(V) | 1 role (`Packets`): put own input to every peer's window, unpack every peer's window | `Producer` (stage own input once (pull) or into every peer (push), arrive → signal), `Consumer` (wait, gather, arrive → drain) |
+//! | ReduceScatter(V) | put partition `q` into rank `q`'s window; reduce own partition + packets in rank order | `Producer` (stage partition `q` for `q`), `Consumer` (wait all, reduce in rank order, drain) |
+//! | AllToAll(V) | put partition `q` to `q`; unpack | like AllGather, one stream per peer |
+//! | AllReduce one-shot / direct | put whole input to every peer; reduce all | `Producer` (stage whole input), `Consumer` (reduce all) |
+//! | AllReduce two-shot / composed | put shard `k` to `k`; reduce own shard; put it back out; unpack | `Producer` (RS stage), `Head` (wait, reduce own shard into the seam, publish, signal), `Tail` (wait, gather published shards, drain) |
+//!
+//! V plans (and plans where some pair exchanges nothing) add the entry/exit handshake.
+
+mod latency;
+mod throughput;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{Alias, Offset, Plan, PlanError, Step};
+use crate::spec::{Collective, CollectiveSpec, SpecError};
+use crate::types::{PacketFormat, Regime, StagingSide};
+
+/// How AllReduce is planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum AllReduceAlgo {
+    /// One-shot/direct at world 2, two-shot/composed above (and for in-place throughput calls).
+    #[default]
+    Auto,
+    /// Every rank reduces the whole buffer from every peer (latency: one-shot packets;
+    /// throughput: direct reduce).
+    OneShot,
+    /// ReduceScatter then AllGather (latency: two-shot packets; throughput: composition
+    /// through a seam).
+    TwoShot,
+}
+
+/// The knobs of a derivation (DESIGN.md §3.4): everything but the spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PlanConfig {
+    pub regime: Regime,
+    /// Throughput only.
+    pub staging_side: StagingSide,
+    pub allreduce: AllReduceAlgo,
+    /// Bytes per chunk (throughput); a multiple of `16 * blocks_per_role`.
+    pub chunk_bytes: u64,
+    /// Blocks per role; each block handles a `chunk_bytes / blocks_per_role` slice of every chunk.
+    pub blocks_per_role: u32,
+    /// Most slots per stream (cyclic staging); fewer if staging is too small.
+    pub slots: u32,
+    /// Symmetric staging bytes per rank (two sense halves); a multiple of 32.
+    pub staging_bytes: u64,
+    /// Packet window payload bytes per rank (two sense halves); a multiple of 32.
+    pub window_bytes: u64,
+    /// The co-residency bound: the most blocks of this kernel resident at once.
+    pub max_coresident_blocks: u32,
+    pub packet: PacketFormat,
+    /// Input and output are one buffer (NCCL's in-place convention).
+    pub in_place: bool,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        PlanConfig {
+            regime: Regime::Throughput,
+            staging_side: StagingSide::Peer,
+            allreduce: AllReduceAlgo::Auto,
+            chunk_bytes: 64 << 10,
+            blocks_per_role: 2,
+            slots: 8,
+            staging_bytes: 16 << 20,
+            window_bytes: 1 << 20,
+            max_coresident_blocks: 64,
+            packet: PacketFormat::B8,
+            in_place: false,
+        }
+    }
+}
+
+/// Why a plan could not be derived.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeriveError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("{what} = {value} must be a positive multiple of {multiple}")]
+    Misaligned { what: &'static str, value: u64, multiple: u64 },
+    #[error("{need} blocks exceed the co-residency bound {bound}")]
+    TooManyBlocks { need: u64, bound: u32 },
+    #[error("staging of {have} bytes holds no slot: {areas} areas of one {chunk}-byte chunk per sense half")]
+    StagingTooSmall { have: u64, areas: u64, chunk: u64 },
+    #[error("window of {have} bytes is too small: the plan needs {need}")]
+    WindowTooSmall { have: u64, need: u64 },
+    #[error("{0:?} cannot run in place")]
+    InPlaceUnsupported(Collective),
+    #[error("derived an ill-formed plan (a derivation bug): {0}")]
+    Internal(#[from] PlanError),
+}
+
+/// Derives one plan per rank.
+pub fn derive(spec: &CollectiveSpec, cfg: &PlanConfig) -> Result<Vec<Plan>, DeriveError> {
+    check_inputs(spec, cfg)?;
+    (0..spec.world).map(|r| derive_rank_unchecked(spec, cfg, r)).collect()
+}
+
+/// Derives rank `rank`'s plan.
+pub fn derive_rank(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
+    check_inputs(spec, cfg)?;
+    if rank >= spec.world {
+        return Err(SpecError::RankOutOfRange { rank, world: spec.world }.into());
+    }
+    derive_rank_unchecked(spec, cfg, rank)
+}
+
+fn check_inputs(spec: &CollectiveSpec, cfg: &PlanConfig) -> Result<(), DeriveError> {
+    spec.validate()?;
+    let mis = |what, value, multiple| Err(DeriveError::Misaligned { what, value, multiple });
+    if cfg.blocks_per_role == 0 {
+        return mis("blocks_per_role", 0, 1);
+    }
+    if cfg.window_bytes == 0 || cfg.window_bytes % 32 != 0 {
+        return mis("window_bytes", cfg.window_bytes, 32);
+    }
+    if cfg.regime == Regime::Throughput {
+        let m = 16 * cfg.blocks_per_role as u64;
+        if cfg.chunk_bytes == 0 || cfg.chunk_bytes % m != 0 {
+            return mis("chunk_bytes", cfg.chunk_bytes, m);
+        }
+        if cfg.staging_bytes == 0 || cfg.staging_bytes % 32 != 0 {
+            return mis("staging_bytes", cfg.staging_bytes, 32);
+        }
+        if cfg.slots == 0 {
+            return mis("slots", 0, 1);
+        }
+    }
+    if cfg.in_place && matches!(spec.collective, Collective::AllToAll | Collective::AllToAllV) {
+        return Err(DeriveError::InPlaceUnsupported(spec.collective));
+    }
+    if cfg.in_place
+        && spec.collective == Collective::AllReduce
+        && cfg.regime == Regime::Throughput
+        && cfg.allreduce == AllReduceAlgo::OneShot
+    {
+        // The direct reduce would overwrite input chunks its own producers have not staged yet.
+        return Err(DeriveError::InPlaceUnsupported(spec.collective));
+    }
+    Ok(())
+}
+
+/// Whether an AllReduce is planned two-shot/composed under `cfg`.
+pub(crate) fn two_shot(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
+    match cfg.allreduce {
+        AllReduceAlgo::OneShot => false,
+        AllReduceAlgo::TwoShot => true,
+        AllReduceAlgo::Auto => spec.world > 2 || (cfg.in_place && cfg.regime == Regime::Throughput),
+    }
+}
+
+fn derive_rank_unchecked(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
+    let plan = match cfg.regime {
+        Regime::Latency => latency::derive(spec, cfg, rank)?,
+        Regime::Throughput => throughput::derive(spec, cfg, rank)?,
+    };
+    plan.check()?;
+    Ok(plan)
+}
+
+/// The alias of an in-place call for `rank`.
+pub(crate) fn alias(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Option<Alias> {
+    if !cfg.in_place {
+        return None;
+    }
+    match spec.collective {
+        Collective::AllReduce => Some(Alias::InputInOutput(0)),
+        Collective::AllGather | Collective::AllGatherV => {
+            Some(Alias::InputInOutput(spec.partition_offset(rank, rank, false)))
+        }
+        Collective::ReduceScatter | Collective::ReduceScatterV => {
+            Some(Alias::OutputInInput(spec.partition_offset(rank, rank, true)))
+        }
+        Collective::AllToAll | Collective::AllToAllV => None,
+    }
+}
+
+/// Whether the call moves no data at all (all ranks know: non-V sizes are uniform), so the
+/// plan is empty and advances nothing.
+pub(crate) fn empty_non_v(spec: &CollectiveSpec) -> bool {
+    !spec.collective.is_v() && (0..spec.world).all(|r| spec.input_bytes(r) == 0 && spec.output_bytes(r) == 0)
+}
+
+/// Index of `other` among `me`'s peers (0..world-1), skipping `me`.
+pub(crate) fn compact(me: u32, other: u32) -> u32 {
+    if other < me { other } else { other - 1 }
+}
+
+/// Rounds up to a multiple of 16.
+pub(crate) fn up16(x: u64) -> u64 {
+    x.div_ceil(16) * 16
+}
+
+/// Handshake steps: block 0 sends to every peer at entry; block 0 (or, when the advance is
+/// agreed on the device, every block) waits for every peer at exit. The handshake area of a
+/// window is `world` 16-byte cells from `base`, one per sender, in each sense half.
+pub(crate) fn add_handshake(plan: &mut Plan, base: u64, half: u64, every_block_waits: bool) {
+    let (rank, world) = (plan.rank, plan.spec.world);
+    let cell = |sender: u32| Offset::fixed(base + 16 * sender as u64).sense(half);
+    let val = crate::plan::EpochVal::at(1);
+    for (b, block) in plan.blocks.iter_mut().enumerate() {
+        if b == 0 {
+            let sends: Vec<Step> = (0..world)
+                .filter(|&q| q != rank)
+                .map(|q| Step::HandshakeSend { peer: q, dst: cell(rank), flag: val })
+                .collect();
+            block.steps.splice(0..0, sends);
+        }
+        if b == 0 || every_block_waits {
+            for p in (0..world).filter(|&p| p != rank) {
+                block.steps.push(Step::HandshakeWait { peer: p, src: cell(p), expect: val });
+            }
+        }
+    }
+}

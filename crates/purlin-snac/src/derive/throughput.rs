@@ -1,0 +1,376 @@
+//! The throughput regime: stage, signal, consume, chunk by chunk (DESIGN.md §3.1).
+//!
+//! Terms: a *transfer* moves a partition from a writer rank `p` to a reader rank `q` in a
+//! phase (phase 1 is the tail of the composed AllReduce). Its chunks are `C = chunk_bytes`
+//! bytes; block `b` of `B` moves the slice `[b*C/B, (b+1)*C/B)` of every chunk.
+//!
+//! Staging of every rank: two sense halves of `H = staging_bytes / 2`; each half holds `areas`
+//! areas of `slots` slots of `C` bytes. Chunk `c` of a transfer lives in slot `c % slots` of
+//! its area, in the half selected by the sense. Pull (staging on the writer's side): the writer
+//! owns one area per reader, or a single area every reader pulls from when all readers need the
+//! same bytes (AllGather, direct AllReduce, the composed AllReduce's published shard). Push
+//! (the reader's side): the reader owns one area per writer.
+//!
+//! Flags of every rank (u64 words): `ready[phase][peer][slot]` then `drain[phase][peer][slot]`,
+//! `peer` compact (0..world-1, skipping the rank itself). A reader waits on its ready word for
+//! the writer, the writer on its drain word for the reader. Chunk `c` sets both to `E + c + 1`;
+//! a writer about to overwrite slot `c % slots` with chunk `c >= slots` waits for the drain of
+//! chunk `c - slots`, i.e. `>= E + c + 1 - slots`. Transfers with `chunks <= slots` are
+//! resident (no drains): the sense halves alternate (odd advance) and every call ties every
+//! pair of ranks, so no rank gets two calls ahead of a reader (DESIGN.md §3.3).
+//!
+//! Counters (local): `prod[phase][stream][slot]` for the writers' arrivals, `cons[phase][peer][slot]`
+//! for the readers' arrivals before a drain. Each chunk's `B` blocks arrive; the last notifies.
+
+use super::{DeriveError, PlanConfig, add_handshake, alias, compact, empty_non_v, two_shot};
+use crate::plan::{
+    Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Resources, Role,
+    Step,
+};
+use crate::spec::{Collective, CollectiveSpec};
+use crate::types::{ConsumeOp, Regime, StagingSide};
+
+struct Ctx<'a> {
+    spec: &'a CollectiveSpec,
+    world: u32,
+    nb: u32,
+    c: u64,
+    sl: u64,
+    half: u64,
+    slots: u64,
+    phases: u32,
+    pull: bool,
+    composed: bool,
+    bcast0: bool,
+    areas0: u64,
+}
+
+impl Ctx<'_> {
+    fn w1(&self) -> u32 {
+        self.world - 1
+    }
+    fn chunks(&self, n: u64) -> u64 {
+        n.div_ceil(self.c)
+    }
+    fn bcast(&self, phase: u32) -> bool {
+        self.pull && (phase == 1 || self.bcast0)
+    }
+    /// Phase-0 bytes `src` sends `dst` and their offset in `src`'s input.
+    fn send(&self, src: u32, dst: u32) -> (u64, u64) {
+        let s = self.spec;
+        match s.collective {
+            Collective::AllReduce if self.composed => s.shard(dst),
+            Collective::AllReduce => (0, s.input_bytes(src)),
+            Collective::AllGather | Collective::AllGatherV => (0, s.pair_bytes(src, dst)),
+            _ => (s.partition_offset(src, dst, true), s.pair_bytes(src, dst)),
+        }
+    }
+    /// Bytes of transfer `(phase, p -> q)`.
+    fn bytes(&self, phase: u32, p: u32, q: u32) -> u64 {
+        if phase == 0 { self.send(p, q).1 } else { self.spec.shard(p).1 }
+    }
+    /// Staging slice of block `b` for transfer `(phase, p -> q)`.
+    fn staging(&self, phase: u32, p: u32, q: u32, b: u32) -> Region {
+        let (owner, area) = if self.pull {
+            let base = if phase == 0 { 0 } else { self.areas0 };
+            (p, base + if self.bcast(phase) { 0 } else { compact(p, q) as u64 })
+        } else {
+            (q, phase as u64 * self.w1() as u64 + compact(q, p) as u64)
+        };
+        Region::staging(
+            owner,
+            Offset {
+                base: area * self.slots * self.c + b as u64 * self.sl,
+                chunk_stride: self.c,
+                chunk_modulus: self.slots,
+                sense_stride: self.half,
+            },
+        )
+    }
+    fn local(&self, off: u64, b: u32) -> Offset {
+        Offset::fixed(off + b as u64 * self.sl).chunk(self.c)
+    }
+    fn len(&self, n: u64, b: u32) -> Len {
+        Len::slice(self.sl, n, b as u64 * self.sl, self.c)
+    }
+    fn ready(&self, phase: u32, at: u32, writer: u32) -> Index {
+        let base = (phase * self.w1() + compact(at, writer)) as u64 * self.slots;
+        Index::cyclic(base as u32, self.slots as u32)
+    }
+    fn drain(&self, phase: u32, at: u32, reader: u32) -> Index {
+        let base = ((self.phases + phase) * self.w1() + compact(at, reader)) as u64 * self.slots;
+        Index::cyclic(base as u32, self.slots as u32)
+    }
+    fn prod(&self, phase: u32, stream: u32) -> Index {
+        Index::cyclic(((phase * self.w1() + stream) as u64 * self.slots) as u32, self.slots as u32)
+    }
+    fn cons(&self, phase: u32, at: u32, writer: u32) -> Index {
+        let base = ((self.phases + phase) * self.w1() + compact(at, writer)) as u64 * self.slots;
+        Index::cyclic(base as u32, self.slots as u32)
+    }
+    fn signal(&self, phase: u32, reader: u32, writer: u32) -> Notify {
+        Notify { kind: NotifyKind::Ready, peer: reader, flag: self.ready(phase, reader, writer), value: EpochVal::chunk(1) }
+    }
+    fn drain_to(&self, phase: u32, writer: u32, reader: u32) -> Notify {
+        Notify { kind: NotifyKind::Drain, peer: writer, flag: self.drain(phase, writer, reader), value: EpochVal::chunk(1) }
+    }
+    /// The writer's wait before overwriting a slot: drain of chunk `c - slots`.
+    fn drain_wait(&self, phase: u32, writer: u32, reader: u32, ch: u64) -> Step {
+        Step::Wait {
+            flag: self.drain(phase, writer, reader),
+            value: EpochVal::chunk(1 - self.slots as i64),
+            guard: Guard::new(self.slots, ch),
+        }
+    }
+    fn ready_wait(&self, phase: u32, reader: u32, writer: u32, ch: u64) -> Step {
+        Step::Wait { flag: self.ready(phase, reader, writer), value: EpochVal::chunk(1), guard: Guard::new(0, ch) }
+    }
+    fn peers(&self, me: u32) -> impl Iterator<Item = u32> + use<> {
+        (0..self.world).filter(move |&q| q != me)
+    }
+}
+
+pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
+    let world = spec.world;
+    let composed = spec.collective == Collective::AllReduce && two_shot(spec, cfg);
+    let pull = cfg.staging_side == StagingSide::Own;
+    let bcast0 = pull
+        && (matches!(spec.collective, Collective::AllGather | Collective::AllGatherV)
+            || (spec.collective == Collective::AllReduce && !composed));
+    let phases: u32 = if composed { 2 } else { 1 };
+    let w1 = (world - 1) as u64;
+    let areas0 = if bcast0 { 1 } else { w1 };
+    let areas = if pull { areas0 + if composed { 1 } else { 0 } } else { phases as u64 * w1 };
+    let (c, half) = (cfg.chunk_bytes, cfg.staging_bytes / 2);
+    let slots = (cfg.slots as u64).min(half / (areas * c));
+    let mut plan = Plan {
+        spec: spec.clone(),
+        rank,
+        regime: Regime::Throughput,
+        staging_side: Some(cfg.staging_side),
+        packet: cfg.packet,
+        resources: Resources {
+            input_bytes: spec.input_bytes(rank),
+            output_bytes: spec.output_bytes(rank),
+            alias: alias(spec, cfg, rank),
+            staging_bytes: cfg.staging_bytes,
+            window_bytes: cfg.window_bytes,
+            flag_words: 0,
+            counter_words: 0,
+            epoch_words: cfg.max_coresident_blocks,
+        },
+        advance: Advance::Fixed(0),
+        max_coresident_blocks: cfg.max_coresident_blocks,
+        blocks: vec![],
+    };
+    if empty_non_v(spec) {
+        return Ok(plan);
+    }
+    if slots == 0 {
+        return Err(DeriveError::StagingTooSmall { have: cfg.staging_bytes, areas, chunk: c });
+    }
+    let nb = cfg.blocks_per_role;
+    let roles: &[Role] = if composed { &[Role::Producer, Role::Head, Role::Tail] } else { &[Role::Producer, Role::Consumer] };
+    let grid = roles.len() as u64 * nb as u64;
+    if grid > cfg.max_coresident_blocks as u64 {
+        return Err(DeriveError::TooManyBlocks { need: grid, bound: cfg.max_coresident_blocks });
+    }
+    let x = Ctx { spec, world, nb, c, sl: c / nb as u64, half, slots, phases, pull, composed, bcast0, areas0 };
+    let words = 2 * phases as u64 * w1 * slots;
+    plan.resources.flag_words = words as u32;
+    plan.resources.counter_words = words as u32;
+
+    let pairs = || (0..world).flat_map(|p| (0..world).filter(move |&q| q != p).map(move |q| (p, q)));
+    let transfer_bytes =
+        || pairs().flat_map(|(p, q)| (0..phases).map(move |ph| (ph, p, q))).map(|(ph, p, q)| x.bytes(ph, p, q));
+    let needs_handshake = spec.collective.is_v() || transfer_bytes().any(|n| n == 0);
+    let cmax = transfer_bytes().chain((0..world).map(|r| x.send(r, r).1)).map(|n| x.chunks(n)).max().unwrap_or(0);
+
+    for &role in roles {
+        for b in 0..nb {
+            let body = match role {
+                Role::Producer => producer(&x, rank, b),
+                Role::Consumer => consumer(&x, cfg, rank, b),
+                Role::Head => head(&x, rank, b),
+                _ => tail(&x, rank, b),
+            };
+            let trips = body.iter().map(|s| s.guard().until).filter(|&u| u != u64::MAX).max().unwrap_or(0);
+            let steps = if body.is_empty() { vec![] } else { vec![Step::ChunkLoop { trips, body }] };
+            plan.blocks.push(BlockProgram { role, steps });
+        }
+    }
+    plan.advance = if spec.collective.is_v() {
+        Advance::AgreedMaxChunks { local: plan.max_trips() }
+    } else {
+        Advance::Fixed(cmax | 1)
+    };
+    if needs_handshake {
+        let need = 2 * 16 * world as u64;
+        if cfg.window_bytes < need {
+            return Err(DeriveError::WindowTooSmall { have: cfg.window_bytes, need });
+        }
+        let agreed = matches!(plan.advance, Advance::AgreedMaxChunks { .. });
+        add_handshake(&mut plan, 0, cfg.window_bytes / 2, agreed);
+    }
+    Ok(plan)
+}
+
+/// Phase-0 writer: stage each chunk slice, arrive, the last arriver signals the readers.
+fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
+    let mut steps = vec![];
+    let stream = |readers: Vec<u32>, ctr: Index, steps: &mut Vec<Step>| {
+        let (off, n) = x.send(r, readers[0]);
+        let ch = x.chunks(n);
+        if ch == 0 {
+            return;
+        }
+        let g = Guard::new(0, ch);
+        if ch > x.slots {
+            steps.extend(readers.iter().map(|&q| x.drain_wait(0, r, q, ch)));
+        }
+        steps.push(Step::Stage {
+            dst: x.staging(0, r, readers[0], b),
+            src: Region::input(x.local(off, b)),
+            len: x.len(n, b),
+            guard: g,
+        });
+        let then = readers.iter().map(|&q| x.signal(0, q, r)).collect();
+        steps.push(Step::Arrive { counter: ctr, arrivals: x.nb, then, guard: g });
+    };
+    if x.bcast(0) {
+        stream(x.peers(r).collect(), x.prod(0, 0), &mut steps);
+    } else {
+        for q in x.peers(r) {
+            stream(vec![q], x.prod(0, compact(r, q)), &mut steps);
+        }
+    }
+    steps
+}
+
+/// Reader drain of transfer `(phase, p -> r)` after its last read of chunk `c`.
+fn drain_arrive(x: &Ctx, phase: u32, r: u32, p: u32, ch: u64) -> Option<Step> {
+    (ch > x.slots).then(|| Step::Arrive {
+        counter: x.cons(phase, r, p),
+        arrivals: x.nb,
+        then: vec![x.drain_to(phase, p, r)],
+        guard: Guard::new(0, ch),
+    })
+}
+
+fn consumer(x: &Ctx, cfg: &PlanConfig, r: u32, b: u32) -> Vec<Step> {
+    let s = x.spec;
+    let mut steps = vec![];
+    match s.collective.consume_op() {
+        ConsumeOp::Gather => {
+            let (off, n) = x.send(r, r);
+            let ch = x.chunks(n);
+            if ch > 0 && !cfg.in_place {
+                steps.push(Step::Gather {
+                    dst: Region::output(x.local(s.partition_offset(r, r, false), b)),
+                    src: Region::input(x.local(off, b)),
+                    len: x.len(n, b),
+                    expect: None,
+                    guard: Guard::new(0, ch),
+                });
+            }
+            for p in x.peers(r) {
+                let n = x.send(p, r).1;
+                let ch = x.chunks(n);
+                if ch == 0 {
+                    continue;
+                }
+                steps.push(x.ready_wait(0, r, p, ch));
+                steps.push(Step::Gather {
+                    dst: Region::output(x.local(s.partition_offset(r, p, false), b)),
+                    src: x.staging(0, p, r, b),
+                    len: x.len(n, b),
+                    expect: None,
+                    guard: Guard::new(0, ch),
+                });
+                steps.extend(drain_arrive(x, 0, r, p, ch));
+            }
+        }
+        ConsumeOp::Reduce => {
+            let (off, n) = x.send(r, r);
+            let ch = x.chunks(n);
+            if ch == 0 {
+                return steps;
+            }
+            steps.extend(x.peers(r).map(|p| x.ready_wait(0, r, p, ch)));
+            let srcs = (0..x.world)
+                .map(|p| if p == r { Region::input(x.local(off, b)) } else { x.staging(0, p, r, b) })
+                .collect();
+            steps.push(Step::Reduce {
+                dst: Region::output(x.local(0, b)),
+                srcs,
+                len: x.len(n, b),
+                expect: None,
+                guard: Guard::new(0, ch),
+            });
+            for p in x.peers(r) {
+                steps.extend(drain_arrive(x, 0, r, p, ch));
+            }
+        }
+    }
+    steps
+}
+
+/// Composed AllReduce, the seam's head: reduce this rank's shard and publish it.
+fn head(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
+    let (off, n) = x.spec.shard(r);
+    let ch = x.chunks(n);
+    let mut steps = vec![];
+    if ch == 0 {
+        return steps;
+    }
+    let g = Guard::new(0, ch);
+    steps.extend(x.peers(r).map(|p| x.ready_wait(0, r, p, ch)));
+    let srcs: Vec<Region> =
+        (0..x.world).map(|p| if p == r { Region::input(x.local(off, b)) } else { x.staging(0, p, r, b) }).collect();
+    let out = Region::output(x.local(off, b));
+    let len = x.len(n, b);
+    if x.pull {
+        let publish = x.staging(1, r, r, b);
+        if ch > x.slots {
+            steps.extend(x.peers(r).map(|q| x.drain_wait(1, r, q, ch)));
+        }
+        steps.push(Step::Reduce { dst: publish, srcs, len, expect: None, guard: g });
+        steps.push(Step::Gather { dst: out, src: publish, len, expect: None, guard: g });
+    } else {
+        steps.push(Step::Reduce { dst: out, srcs, len, expect: None, guard: g });
+        for q in x.peers(r) {
+            if ch > x.slots {
+                steps.push(x.drain_wait(1, r, q, ch));
+            }
+            steps.push(Step::Stage { dst: x.staging(1, r, q, b), src: out, len, guard: g });
+        }
+    }
+    for p in x.peers(r) {
+        steps.extend(drain_arrive(x, 0, r, p, ch));
+    }
+    let then = x.peers(r).map(|q| x.signal(1, q, r)).collect();
+    steps.push(Step::Arrive { counter: x.prod(1, 0), arrivals: x.nb, then, guard: g });
+    steps
+}
+
+/// Composed AllReduce, the seam's tail: gather the peers' published shards.
+fn tail(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
+    let mut steps = vec![];
+    for p in x.peers(r) {
+        let (off, n) = x.spec.shard(p);
+        let ch = x.chunks(n);
+        if ch == 0 {
+            continue;
+        }
+        steps.push(x.ready_wait(1, r, p, ch));
+        steps.push(Step::Gather {
+            dst: Region::output(x.local(off, b)),
+            src: x.staging(1, p, r, b),
+            len: x.len(n, b),
+            expect: None,
+            guard: Guard::new(0, ch),
+        });
+        steps.extend(drain_arrive(x, 1, r, p, ch));
+    }
+    steps
+}
