@@ -7,8 +7,19 @@
 //! both purlin-snac and purlin-atom.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod comm;
+pub mod device;
+pub mod error;
+pub mod host;
+pub mod id;
 pub mod kernels;
+pub mod nccl;
 pub mod smoke;
+pub mod workspace;
+
+pub use comm::{Comm, CommConfig, ReduceOp};
+pub use error::Error;
+pub use id::Id;
 
 pub use purlin_atom as atom;
 pub use purlin_snac as snac;

@@ -1,0 +1,862 @@
+//! The communicator, shaped like `cudarc::nccl::Comm` (DESIGN.md §5).
+//!
+//! Two process models, one set-up sequence ([`setup`]):
+//! - **one process, several GPUs**: [`Comm::from_devices`] runs the set-up of every rank on
+//!   its own thread, the ranks meeting through an in-process [`HostComm`]; the workspace is
+//!   reached through peer access. Teardown happens when the last of the group's `Comm`s is
+//!   dropped (cudarc programs drop them one after another from one thread, so no `Comm` may
+//!   wait for the others in `Drop`).
+//! - **one process per GPU**: [`Comm::from_rank`] with an [`Id`] from rank 0, or
+//!   [`Comm::from_env`] under torchrun; the ranks meet on an abstract Unix socket and share
+//!   the workspace through CUDA IPC. Dropping a `Comm` synchronises its stream, then meets
+//!   the peers before unmapping (see [`crate::workspace`]).
+//!
+//! Set-up: describe the local GPU → all-gather the descriptions, check one generation,
+//! distinct GPUs and peer access → compile the kernels this communicator needs and compute
+//! their co-residency bound, minimum across ranks → establish the symmetric workspace
+//! (zeroed and synchronised before handles are published) → final barrier. Every step is
+//! agreed: a rank that fails tells the others, who fail naming it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+    sys,
+};
+use cudarc::nvrtc::Ptx;
+use purlin_atom::{Arch, KernelCache};
+use purlin_topo::Device;
+
+use crate::device::{IpcBackend, PeerBackend, max_coresident_blocks};
+use crate::error::{Error, driver};
+use crate::host::{DEFAULT_TIMEOUT, HostComm};
+use crate::id::{Id, TorchEnv};
+use crate::workspace::{FLAG_SLOTS, SymmetricWorkspace, TeardownReport, WorkspaceConfig, WorkspaceLayout};
+
+/// Communicator settings. [`CommConfig::from_env`] is what the cudarc-shaped constructors use.
+#[derive(Debug, Clone)]
+pub struct CommConfig {
+    /// Bound on every host-side wait (set-up, barriers, teardown). Device waits use their own
+    /// bound per call.
+    pub timeout: Duration,
+    /// Workspace sizes.
+    pub workspace: WorkspaceConfig,
+    /// Where compiled kernels are cached (default: [`KernelCache::default_location`]).
+    pub kernel_cache: Option<std::path::PathBuf>,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        Self { timeout: DEFAULT_TIMEOUT, workspace: WorkspaceConfig::default(), kernel_cache: None }
+    }
+}
+
+impl CommConfig {
+    /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional) and the
+    /// workspace variables of [`WorkspaceConfig::from_env`].
+    pub fn from_env() -> Result<Self, Error> {
+        let mut c = Self { workspace: WorkspaceConfig::from_env()?, ..Self::default() };
+        if let Ok(text) = std::env::var("PURLIN_TIMEOUT_S") {
+            let secs: f64 = text
+                .trim()
+                .parse()
+                .map_err(|e| Error::Env { var: "PURLIN_TIMEOUT_S", problem: format!("{text:?}: {e}") })?;
+            if !(secs > 0.0 && secs < 1e7) {
+                return Err(Error::Env {
+                    var: "PURLIN_TIMEOUT_S",
+                    problem: format!("{secs} is not a positive duration"),
+                });
+            }
+            c.timeout = Duration::from_secs_f64(secs);
+        }
+        Ok(c)
+    }
+}
+
+/// Reduction operators, as in `cudarc::nccl::ReduceOp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Product.
+    Prod,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+    /// Average (sum, then divide by the world size).
+    Avg,
+}
+
+/// Element types of collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `f32`.
+    F32,
+    /// `f64` (accepted by the API, no Atom implements it yet).
+    F64,
+    /// `i8`.
+    I8,
+    /// `i32`.
+    I32,
+    /// `i64`.
+    I64,
+    /// `u8` (and `char`, as in cudarc).
+    U8,
+    /// `u32`.
+    U32,
+    /// `u64`.
+    U64,
+    /// `half::f16`.
+    F16,
+    /// `half::bf16`.
+    Bf16,
+}
+
+/// The element types collectives accept (cudarc's trait, same name and implementors).
+pub trait NcclType {
+    /// The element's data type.
+    fn data_type() -> DataType;
+}
+
+macro_rules! nccl_type {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(impl NcclType for $t {
+            fn data_type() -> DataType {
+                DataType::$d
+            }
+        })*
+    };
+}
+nccl_type!(f32 => F32, f64 => F64, i8 => I8, i32 => I32, i64 => I64, u8 => U8, u32 => U32, u64 => U64,
+    char => U8, half::f16 => F16, half::bf16 => Bf16);
+
+/// The status of an enqueued call (cudarc's `NcclStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Enqueued on the stream.
+    Success,
+    /// Still in progress (non-blocking communicators).
+    InProgress,
+}
+
+/// Starts a group of calls (NCCL's `ncclGroupStart`). Purlin launches each collective as
+/// one kernel without blocking the host, so grouping is not needed to avoid deadlock; this
+/// is accepted for compatibility.
+pub fn group_start() -> Result<Status, Error> {
+    Ok(Status::Success)
+}
+
+/// Ends a group of calls (see [`group_start`]).
+pub fn group_end() -> Result<Status, Error> {
+    Ok(Status::Success)
+}
+
+/// The co-residency bounds this communicator plans under: per kernel, the minimum across
+/// ranks of (occupancy blocks per SM × SMs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoResidency {
+    /// The flag ping-pong kernel (32 threads, no shared memory).
+    pub smoke_pingpong: u32,
+    /// The same, on this rank only (before the minimum).
+    pub smoke_pingpong_local: u32,
+}
+
+/// Result of a flag ping-pong through the workspace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PingPong {
+    /// Round trips completed.
+    pub rounds: u64,
+    /// Mean round trip in microseconds (initiator's clock; 0 on the responder).
+    pub round_trip_us: f64,
+    /// Whether this rank initiated.
+    pub initiator: bool,
+}
+
+enum Owner {
+    /// One process per GPU: this rank's share, torn down by meeting the peers.
+    Ipc(Option<(SymmetricWorkspace<IpcBackend>, IpcBackend)>),
+    /// From a single-process set-up, before it was handed to the group.
+    Peer(Option<(SymmetricWorkspace<PeerBackend>, PeerBackend)>),
+    /// One process, several GPUs: freed when the last `Comm` of the group goes.
+    Group(Arc<GroupOwner>),
+}
+
+impl std::fmt::Debug for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Owner::Ipc(_) => "Ipc",
+            Owner::Peer(_) => "Peer",
+            Owner::Group(_) => "Group",
+        })
+    }
+}
+
+/// The workspaces of a single-process group; dropping it synchronises every GPU of the
+/// group and frees them all (no kernel of the group can still run).
+struct GroupOwner {
+    parts: Mutex<Vec<GroupPart>>,
+}
+
+/// One rank's share of a single-process group.
+type GroupPart = (SymmetricWorkspace<PeerBackend>, PeerBackend, Arc<CudaStream>);
+
+impl Drop for GroupOwner {
+    fn drop(&mut self) {
+        let parts = std::mem::take(&mut *self.parts.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, _, stream) in &parts {
+            let _ = stream.context().synchronize();
+        }
+        for (ws, mut backend, _) in parts {
+            ws.discard_now(&mut backend);
+        }
+    }
+}
+
+/// A communicator: one rank of a group of GPUs that run collectives together.
+#[derive(Debug)]
+pub struct Comm {
+    stream: Arc<CudaStream>,
+    rank: usize,
+    world: usize,
+    host: HostComm,
+    device: Device,
+    devices: Vec<Device>,
+    layout: WorkspaceLayout,
+    addrs: Vec<u64>,
+    module: Arc<CudaModule>,
+    pingpong: CudaFunction,
+    coresidency: CoResidency,
+    poison: Mutex<Option<String>>,
+    next_flag_slot: Mutex<Vec<usize>>,
+    owner: Owner,
+}
+
+/// Turns this rank's outcome of a step into everyone's: all ranks exchange their status;
+/// this rank's own error is returned as is, a peer's as a [`Error::Mismatch`] naming it.
+fn agree<T>(host: &HostComm, mine: Result<T, Error>, during: &str) -> Result<T, Error> {
+    let status = match &mine {
+        Ok(_) => String::new(),
+        Err(e) => format!("{e}"),
+    };
+    let all = match host.all_gather(status.as_bytes(), during) {
+        Ok(all) => all,
+        Err(e) => return mine.and(Err(e)),
+    };
+    let value = mine?;
+    if let Some((peer, why)) = all.iter().enumerate().find(|(_, s)| !s.is_empty()) {
+        return Err(Error::Mismatch {
+            rank: host.rank(),
+            peer,
+            what: format!("rank {peer} failed {during}: {}", String::from_utf8_lossy(why)),
+        });
+    }
+    Ok(value)
+}
+
+fn encode_device(d: &Device) -> Vec<u8> {
+    // Plain text fields separated by NULs: no serde format needed between ranks.
+    let uuid = d.uuid.clone().unwrap_or_default();
+    [
+        d.ordinal.to_string(),
+        d.name.clone(),
+        uuid,
+        d.compute_capability.major.to_string(),
+        d.compute_capability.minor.to_string(),
+        d.sm_count.to_string(),
+        d.total_memory_bytes.to_string(),
+        d.pci_bus_id.clone(),
+    ]
+    .join("\0")
+    .into_bytes()
+}
+
+fn decode_device(peer: usize, bytes: &[u8]) -> Result<Device, Error> {
+    let text = String::from_utf8_lossy(bytes);
+    let f: Vec<&str> = text.split('\0').collect();
+    let bad = || Error::Protocol { peer: Some(peer), what: "device description".into() };
+    if f.len() != 8 {
+        return Err(bad());
+    }
+    let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
+    Ok(Device {
+        ordinal: num(f[0])? as usize,
+        name: f[1].into(),
+        uuid: (!f[2].is_empty()).then(|| f[2].to_string()),
+        compute_capability: purlin_topo::ComputeCapability { major: num(f[3])? as u32, minor: num(f[4])? as u32 },
+        sm_count: num(f[5])? as u32,
+        total_memory_bytes: num(f[6])?,
+        pci_bus_id: f[7].into(),
+        max_shared_memory_per_block_optin: 0,
+        cooperative_launch: false,
+    })
+}
+
+/// Local checks of the gathered devices: one generation, distinct GPUs, peer access from
+/// this GPU to every peer GPU this process can see.
+fn check_devices(rank: usize, devices: &[Device], ctx: &Arc<CudaContext>) -> Result<(), Error> {
+    let refs: Vec<&Device> = devices.iter().collect();
+    purlin_topo::common_generation(&refs)?;
+    for (peer, d) in devices.iter().enumerate() {
+        if peer == rank {
+            continue;
+        }
+        let me = &devices[rank];
+        let same = match (&d.uuid, &me.uuid) {
+            (Some(a), Some(b)) => a == b,
+            _ => d.pci_bus_id == me.pci_bus_id,
+        };
+        if same {
+            return Err(Error::Mismatch {
+                rank,
+                peer,
+                what: format!("both ranks drive the same GPU ({})", d.pci_bus_id),
+            });
+        }
+        let Ok(bus) = std::ffi::CString::new(d.pci_bus_id.clone()) else { continue };
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: `bus` is NUL-terminated; out-pointer valid. A GPU hidden from this process
+        // (CUDA_VISIBLE_DEVICES) is simply not found, and then CUDA IPC decides.
+        if unsafe { sys::cuDeviceGetByPCIBusId(&mut dev, bus.as_ptr()) } != sys::CUresult::CUDA_SUCCESS {
+            continue;
+        }
+        let mut can = 0;
+        // SAFETY: out-pointer valid; both devices valid after cuInit.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), dev) }
+            .result()
+            .map_err(driver("cuDeviceCanAccessPeer"))?;
+        if can != 1 {
+            return Err(purlin_topo::TopoError::NoPeerAccess { from: ctx.ordinal(), to: dev as usize }.into());
+        }
+    }
+    Ok(())
+}
+
+enum Backend {
+    Ipc(IpcBackend),
+    Peer(PeerBackend),
+}
+
+/// The set-up sequence shared by both process models (module docs).
+fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: Backend) -> Result<Comm, Error> {
+    let (rank, world) = (host.rank(), host.world());
+    let ctx = stream.context().clone();
+    let layout = WorkspaceLayout::new(config.workspace, world)?;
+
+    let device = purlin_topo::local_device(ctx.ordinal()).map_err(Error::from);
+    let device = agree(&host, device, "set-up: describing the GPU")?;
+    let gathered = host.all_gather(&encode_device(&device), "set-up: exchanging GPU descriptions")?;
+    let devices: Vec<Device> =
+        gathered.iter().enumerate().map(|(p, b)| decode_device(p, b)).collect::<Result<_, _>>()?;
+    agree(&host, check_devices(rank, &devices, &ctx), "set-up: checking the GPUs")?;
+
+    // Kernels are compiled before the final barrier, so a peer compiling for seconds is
+    // waited for under the set-up timeout, not taken for dead later.
+    let kernels = (|| {
+        let cache = config.kernel_cache.clone().map_or_else(KernelCache::default_location, KernelCache::new);
+        let arch = Arch { major: device.compute_capability.major, minor: device.compute_capability.minor };
+        let compiled = cache.get_or_compile(&crate::kernels::smoke_unit(), arch)?;
+        let module = ctx.load_module(Ptx::from_binary(compiled.cubin)).map_err(driver("cuModuleLoadData"))?;
+        let pingpong = module.load_function("purlin_smoke_pingpong").map_err(driver("cuModuleGetFunction"))?;
+        let bound = max_coresident_blocks(&pingpong, 32, 0, device.sm_count)?;
+        Ok::<_, Error>((module, pingpong, bound))
+    })();
+    let (module, pingpong, local_bound) = agree(&host, kernels, "set-up: compiling kernels")?;
+    let bounds = host.all_gather(&local_bound.to_le_bytes(), "set-up: co-residency bounds")?;
+    let min_bound = bounds
+        .iter()
+        .enumerate()
+        .map(|(p, b)| {
+            b.as_slice()
+                .try_into()
+                .map(u32::from_le_bytes)
+                .map_err(|_| Error::Protocol { peer: Some(p), what: "co-residency bound".into() })
+        })
+        .try_fold(u32::MAX, |m, b| b.map(|b| m.min(b)))?;
+
+    let (addrs, owner) = match backend {
+        Backend::Ipc(mut b) => {
+            let ws = SymmetricWorkspace::establish(&host, &mut b, layout.clone())?;
+            (ws.addrs().to_vec(), Owner::Ipc(Some((ws, b))))
+        }
+        Backend::Peer(mut b) => {
+            let ws = SymmetricWorkspace::establish(&host, &mut b, layout.clone())?;
+            (ws.addrs().to_vec(), Owner::Peer(Some((ws, b))))
+        }
+    };
+    let comm = Comm {
+        stream,
+        rank,
+        world,
+        host,
+        device,
+        devices,
+        layout,
+        addrs,
+        module,
+        pingpong,
+        coresidency: CoResidency { smoke_pingpong: min_bound, smoke_pingpong_local: local_bound },
+        poison: Mutex::new(None),
+        next_flag_slot: Mutex::new(vec![0; world]),
+        owner,
+    };
+    comm.host.barrier("set-up: final barrier")?;
+    Ok(comm)
+}
+
+/// How many communicators this process has made from the torchrun environment: the n-th
+/// one of every rank meets on the n-th name.
+static ENV_COMMS: AtomicU64 = AtomicU64::new(0);
+
+impl Comm {
+    /// One communicator per stream, each on its own GPU, in one process (rank `i` drives
+    /// `streams[i]`). Like cudarc's, it returns once all ranks are set up.
+    pub fn from_devices(streams: Vec<Arc<CudaStream>>) -> Result<Vec<Self>, Error> {
+        Self::from_devices_with_config(streams, CommConfig::from_env()?)
+    }
+
+    /// [`Comm::from_devices`] with explicit settings.
+    pub fn from_devices_with_config(streams: Vec<Arc<CudaStream>>, config: CommConfig) -> Result<Vec<Self>, Error> {
+        let world = streams.len();
+        if world == 0 || world > purlin_topo::MAX_WORLD {
+            return Err(purlin_topo::TopoError::WorldSize { world }.into());
+        }
+        let contexts: Vec<Arc<CudaContext>> = streams.iter().map(|s| s.context().clone()).collect();
+        for (i, c) in contexts.iter().enumerate() {
+            if contexts[..i].iter().any(|o| o.ordinal() == c.ordinal()) {
+                return Err(purlin_topo::TopoError::DuplicateDevice { ordinal: c.ordinal() }.into());
+            }
+        }
+        let hosts = HostComm::threads(world, config.timeout);
+        let results: Vec<Result<Comm, Error>> = std::thread::scope(|s| {
+            let handles: Vec<_> = streams
+                .into_iter()
+                .zip(hosts)
+                .map(|(stream, host)| {
+                    let backend = PeerBackend::new(stream.context().clone(), contexts.clone());
+                    let config = &config;
+                    s.spawn(move || setup(stream, host, config, Backend::Peer(backend)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Protocol { peer: None, what: "set-up thread panicked".into() }))
+                })
+                .collect()
+        });
+        // Report the root cause: a rank's own failure rather than another's view of it.
+        if results.iter().any(Result::is_err) {
+            let mut errors: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
+            let root = errors
+                .iter()
+                .position(|e| !matches!(e, Error::Mismatch { .. } | Error::PeerLost { .. } | Error::Timeout { .. }))
+                .unwrap_or(0);
+            return Err(errors.swap_remove(root));
+        }
+        let mut comms: Vec<Comm> = results.into_iter().filter_map(Result::ok).collect();
+        let mut parts = Vec::with_capacity(world);
+        for c in &mut comms {
+            if let Owner::Peer(Some((ws, b))) = std::mem::replace(&mut c.owner, Owner::Peer(None)) {
+                parts.push((ws, b, c.stream.clone()));
+            }
+        }
+        let group = Arc::new(GroupOwner { parts: Mutex::new(parts) });
+        for c in &mut comms {
+            c.owner = Owner::Group(group.clone());
+        }
+        Ok(comms)
+    }
+
+    /// Rank `rank` of `world_size`, one process (or thread) per GPU; every rank passes the
+    /// [`Id`] that rank 0 made with [`Id::new`]. Returns once all ranks are set up.
+    pub fn from_rank(stream: Arc<CudaStream>, rank: usize, world_size: usize, id: Id) -> Result<Self, Error> {
+        Self::from_rank_with_config(stream, rank, world_size, id, CommConfig::from_env()?)
+    }
+
+    /// [`Comm::from_rank`] with explicit settings.
+    pub fn from_rank_with_config(
+        stream: Arc<CudaStream>,
+        rank: usize,
+        world_size: usize,
+        id: Id,
+        config: CommConfig,
+    ) -> Result<Self, Error> {
+        id.check()?;
+        let host = HostComm::connect(&id, rank, world_size, config.timeout)?;
+        let backend = IpcBackend::new(stream.context().clone());
+        setup(stream, host, &config, Backend::Ipc(backend))
+    }
+
+    /// Under torchrun: rank `RANK` of `WORLD_SIZE` on GPU `LOCAL_RANK`, on a new stream.
+    /// The ranks meet on a name derived from `MASTER_ADDR`, `MASTER_PORT` and
+    /// `TORCHELASTIC_RUN_ID` (never on `MASTER_PORT` itself).
+    pub fn from_env() -> Result<Self, Error> {
+        let env = TorchEnv::from_process()?;
+        if !purlin_topo::driver_present() {
+            return Err(purlin_topo::TopoError::NoDriver.into());
+        }
+        let count = purlin_topo::device_count();
+        if env.local_rank >= count {
+            return Err(Error::Env {
+                var: "LOCAL_RANK",
+                problem: format!("{} but this process sees {count} GPUs", env.local_rank),
+            });
+        }
+        let ctx = CudaContext::new(env.local_rank).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        Self::from_env_with_stream(stream, CommConfig::from_env()?)
+    }
+
+    /// [`Comm::from_env`] on a given stream and with explicit settings.
+    pub fn from_env_with_stream(stream: Arc<CudaStream>, config: CommConfig) -> Result<Self, Error> {
+        let env = TorchEnv::from_process()?;
+        let seq = ENV_COMMS.fetch_add(1, Ordering::Relaxed);
+        Self::from_rank_with_config(stream, env.rank, env.world_size, env.id(seq), config)
+    }
+
+    /// The stream this rank's collectives run on.
+    pub fn stream(&self) -> Arc<CudaStream> {
+        self.stream.clone()
+    }
+
+    /// The CUDA context of this rank's GPU.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.stream.context()
+    }
+
+    /// This rank's GPU ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.stream.context().ordinal()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// This rank's GPU as purlin-topo describes it.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Every rank's GPU, in rank order.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// The host communicator of this rank (barriers and small exchanges, bounded waits).
+    pub fn host(&self) -> &HostComm {
+        &self.host
+    }
+
+    /// The workspace layout (identical on every rank).
+    pub fn workspace_layout(&self) -> &WorkspaceLayout {
+        &self.layout
+    }
+
+    /// Every rank's workspace base as a device address usable by this rank's kernels.
+    pub fn workspace_addrs(&self) -> &[u64] {
+        &self.addrs
+    }
+
+    /// The co-residency bounds agreed at set-up.
+    pub fn coresidency(&self) -> CoResidency {
+        self.coresidency
+    }
+
+    /// The kernel module loaded at set-up.
+    pub fn module(&self) -> &Arc<CudaModule> {
+        &self.module
+    }
+
+    /// A failure that poisoned this communicator (like `ncclCommGetAsyncError`): a device
+    /// wait that expired here, or a poison word set in this rank's workspace.
+    pub fn async_error(&self) -> Result<(), Error> {
+        if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(Error::Poisoned(why));
+        }
+        let mut words = [0u64; 2];
+        self.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: reads 16 bytes from the start of this rank's own live workspace (the
+        // control region) into a 16-byte host buffer.
+        unsafe { sys::cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), self.addrs[self.rank], 16) }
+            .result()
+            .map_err(driver("cuMemcpyDtoH"))?;
+        if words[0] != 0 {
+            let peer = words[1].checked_sub(1).map_or("an unknown rank".into(), |p| format!("rank {p}"));
+            return Err(Error::Poisoned(format!("a device wait for {peer} expired")));
+        }
+        Ok(())
+    }
+
+    fn poison_with(&self, peer: usize, why: String) {
+        self.poison.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(why);
+        let words = [1u64, peer as u64 + 1];
+        if self.context().bind_to_thread().is_ok() {
+            // SAFETY: writes 16 bytes at the start of this rank's own live workspace (the
+            // control region: poison word and peer), never a peer's memory.
+            let _ = unsafe { sys::cuMemcpyHtoD_v2(self.addrs[self.rank], words.as_ptr().cast(), 16) };
+        }
+    }
+
+    /// Launches a flag ping-pong with `peer` through the workspace (the lower rank
+    /// initiates), every device wait bounded by `timeout`; [`PingPongLaunch::wait`] collects
+    /// it. Both ranks must call it, the same number of times per pair (each call takes a
+    /// fresh flag slot; at most 16 per pair and communicator). Split in two so one thread
+    /// can drive several GPUs ([`Comm::from_devices`]).
+    pub fn launch_ping_pong(&self, peer: usize, rounds: u32, timeout: Duration) -> Result<PingPongLaunch<'_>, Error> {
+        if peer >= self.world || peer == self.rank {
+            return Err(Error::InvalidArgument(format!(
+                "ping-pong peer {peer} (rank {}, world {})",
+                self.rank, self.world
+            )));
+        }
+        if rounds == 0 {
+            return Err(Error::InvalidArgument("ping-pong needs at least one round".into()));
+        }
+        if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(Error::Poisoned(why));
+        }
+        let slot = {
+            let mut slots = self.next_flag_slot.lock().unwrap_or_else(|e| e.into_inner());
+            let s = slots[peer];
+            if s >= FLAG_SLOTS {
+                return Err(Error::Unsupported(format!("more than {FLAG_SLOTS} ping-pongs with one peer")));
+            }
+            slots[peer] += 1;
+            s
+        };
+        let initiator = self.rank < peer;
+        // My flag is written by the peer into my workspace; the peer's flag is in its own.
+        let my_flag = self.addrs[self.rank] + self.layout.flag_offset(peer, slot) as u64;
+        let peer_flag = self.addrs[peer] + self.layout.flag_offset(self.rank, slot) as u64;
+        let mut result = self.stream.alloc_zeros::<u64>(2).map_err(driver("cuMemAllocAsync"))?;
+        let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        let init = u32::from(initiator);
+        let mut launch = self.stream.launch_builder(&self.pingpong);
+        launch.arg(&my_flag).arg(&peer_flag).arg(&rounds).arg(&init).arg(&timeout_ns).arg(&mut result);
+        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the kernel's signature is (u64*, u64*, u32, u32, u64, u64*); `my_flag` is in
+        // this rank's live workspace, `peer_flag` in the peer's, mapped here (IPC or peer
+        // access) until teardown, which synchronises this stream first; the kernel writes the
+        // peer's flag only after a successful wait, so once the peer stops answering it stops
+        // touching its memory; every wait is bounded by `timeout_ns`; `result` holds 2 words.
+        unsafe { launch.launch(one) }.map_err(driver("cuLaunchKernel"))?;
+        Ok(PingPongLaunch { comm: self, peer, rounds, timeout, initiator, result, started: Instant::now() })
+    }
+
+    /// [`Comm::launch_ping_pong`] and [`PingPongLaunch::wait`].
+    pub fn ping_pong(&self, peer: usize, rounds: u32, timeout: Duration) -> Result<PingPong, Error> {
+        self.launch_ping_pong(peer, rounds, timeout)?.wait()
+    }
+
+    fn enqueue_check<T: NcclType>(&self, what: &str, send: usize, recv: usize, ok: bool) -> Result<Status, Error> {
+        if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(Error::Poisoned(why));
+        }
+        if !ok {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: {send} send and {recv} receive elements do not fit world {}",
+                self.world
+            )));
+        }
+        Err(Error::Unsupported(format!(
+            "{what} of {:?} is not implemented yet (the collectives land with the SNAC executor)",
+            T::data_type()
+        )))
+    }
+
+    /// Sends to one peer (cudarc's `send`).
+    pub fn send<S: DevicePtr<T>, T: NcclType>(&self, data: &S, peer: i32) -> Result<(), Error> {
+        self.check_peer(peer)?;
+        self.enqueue_check::<T>("send", data.len(), 0, true).map(drop)
+    }
+
+    /// Receives from one peer (cudarc's `recv`).
+    pub fn recv<R: DevicePtrMut<T>, T: NcclType>(&self, buff: &mut R, peer: i32) -> Result<Status, Error> {
+        self.check_peer(peer)?;
+        self.enqueue_check::<T>("recv", 0, buff.len(), true)
+    }
+
+    fn check_peer(&self, peer: i32) -> Result<usize, Error> {
+        usize::try_from(peer)
+            .ok()
+            .filter(|&p| p < self.world)
+            .ok_or_else(|| Error::InvalidArgument(format!("rank {peer} is not in a world of {}", self.world)))
+    }
+
+    /// Broadcast from `root` (cudarc's `broadcast`; `sendbuff` only on the root).
+    pub fn broadcast<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        sendbuff: Option<&S>,
+        recvbuff: &mut R,
+        root: i32,
+    ) -> Result<Status, Error> {
+        let root = self.check_peer(root)?;
+        if root == self.rank && sendbuff.is_none() {
+            return Err(Error::InvalidArgument("broadcast: the root must pass a send buffer".into()));
+        }
+        let send = sendbuff.map_or(recvbuff.len(), |b| b.len());
+        self.enqueue_check::<T>("broadcast", send, recvbuff.len(), send == recvbuff.len())
+    }
+
+    /// In-place broadcast from `root`.
+    pub fn broadcast_in_place<R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        recvbuff: &mut R,
+        root: i32,
+    ) -> Result<Status, Error> {
+        self.check_peer(root)?;
+        self.enqueue_check::<T>("broadcast", recvbuff.len(), recvbuff.len(), true)
+    }
+
+    /// AllGather: `recvbuff` holds `world` × `sendbuff.len()` elements.
+    pub fn all_gather<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        sendbuff: &S,
+        recvbuff: &mut R,
+    ) -> Result<Status, Error> {
+        let (s, r) = (sendbuff.len(), recvbuff.len());
+        self.enqueue_check::<T>("all_gather", s, r, r == s * self.world)
+    }
+
+    /// AllReduce: `recvbuff` (same length as `sendbuff`) receives the reduction over ranks.
+    pub fn all_reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        sendbuff: &S,
+        recvbuff: &mut R,
+        reduce_op: &ReduceOp,
+    ) -> Result<Status, Error> {
+        let _ = reduce_op;
+        let (s, r) = (sendbuff.len(), recvbuff.len());
+        self.enqueue_check::<T>("all_reduce", s, r, s == r)
+    }
+
+    /// In-place AllReduce.
+    pub fn all_reduce_in_place<R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        buff: &mut R,
+        reduce_op: &ReduceOp,
+    ) -> Result<Status, Error> {
+        let _ = reduce_op;
+        self.enqueue_check::<T>("all_reduce", buff.len(), buff.len(), true)
+    }
+
+    /// Reduce to `root` (`recvbuff` only on the root).
+    pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        sendbuff: &S,
+        recvbuff: Option<&mut R>,
+        reduce_op: &ReduceOp,
+        root: i32,
+    ) -> Result<Status, Error> {
+        let _ = reduce_op;
+        let root = self.check_peer(root)?;
+        if root == self.rank && recvbuff.is_none() {
+            return Err(Error::InvalidArgument("reduce: the root must pass a receive buffer".into()));
+        }
+        let r = recvbuff.map_or(sendbuff.len(), |b| b.len());
+        self.enqueue_check::<T>("reduce", sendbuff.len(), r, r == sendbuff.len())
+    }
+
+    /// In-place Reduce to `root`.
+    pub fn reduce_in_place<R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        recvbuff: &mut R,
+        reduce_op: &ReduceOp,
+        root: i32,
+    ) -> Result<Status, Error> {
+        let _ = reduce_op;
+        self.check_peer(root)?;
+        self.enqueue_check::<T>("reduce", recvbuff.len(), recvbuff.len(), true)
+    }
+
+    /// ReduceScatter: `sendbuff` holds `world` × `recvbuff.len()` elements.
+    pub fn reduce_scatter<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        sendbuff: &S,
+        recvbuff: &mut R,
+        reduce_op: &ReduceOp,
+    ) -> Result<Status, Error> {
+        let _ = reduce_op;
+        let (s, r) = (sendbuff.len(), recvbuff.len());
+        self.enqueue_check::<T>("reduce_scatter", s, r, s == r * self.world)
+    }
+
+    /// Tears down now and says how it went (dropping does the same, silently).
+    pub fn close(mut self) -> TeardownReport {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> TeardownReport {
+        // Every device wait is bounded, so this returns.
+        let _ = self.stream.synchronize();
+        match std::mem::replace(&mut self.owner, Owner::Peer(None)) {
+            Owner::Ipc(Some((ws, mut backend))) => ws.release(&self.host, &mut backend),
+            Owner::Peer(Some((ws, mut backend))) => {
+                let _ = self.context().synchronize();
+                ws.discard_now(&mut backend);
+                TeardownReport { met_peers: false, ..TeardownReport::default() }
+            }
+            Owner::Group(group) => {
+                drop(group);
+                TeardownReport { met_peers: true, ..TeardownReport::default() }
+            }
+            Owner::Ipc(None) | Owner::Peer(None) => TeardownReport::default(),
+        }
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        let report = self.teardown();
+        if report.leaked_bytes > 0 {
+            eprintln!(
+                "purlin: rank {} left its {} workspace bytes allocated at teardown ({})",
+                self.rank,
+                report.leaked_bytes,
+                report.error.as_deref().unwrap_or("peer did not meet")
+            );
+        }
+    }
+}
+
+/// A launched ping-pong (see [`Comm::launch_ping_pong`]).
+#[derive(Debug)]
+pub struct PingPongLaunch<'a> {
+    comm: &'a Comm,
+    peer: usize,
+    rounds: u32,
+    timeout: Duration,
+    initiator: bool,
+    result: CudaSlice<u64>,
+    started: Instant,
+}
+
+impl PingPongLaunch<'_> {
+    /// Waits for the kernel (bounded by its device timeout) and checks that every round
+    /// completed; otherwise poisons the communicator and returns [`Error::DeviceTimeout`]
+    /// naming the peer.
+    pub fn wait(self) -> Result<PingPong, Error> {
+        let c = self.comm;
+        let r = c.stream.clone_dtoh(&self.result).map_err(driver("cuMemcpyDtoH"))?;
+        let (done, ns) = (r.first().copied().unwrap_or(0), r.get(1).copied().unwrap_or(0));
+        if done < u64::from(self.rounds) {
+            let during =
+                format!("flag ping-pong: {done} of {} rounds, after {:?}", self.rounds, self.started.elapsed());
+            c.poison_with(self.peer, format!("rank {}: device wait for rank {} expired ({during})", c.rank, self.peer));
+            return Err(Error::DeviceTimeout { rank: c.rank, peer: self.peer, waited: self.timeout, during });
+        }
+        let round_trip_us = if self.initiator && done > 0 { ns as f64 / done as f64 / 1e3 } else { 0.0 };
+        Ok(PingPong { rounds: done, round_trip_us, initiator: self.initiator })
+    }
+}

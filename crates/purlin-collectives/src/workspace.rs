@@ -1,0 +1,480 @@
+//! The symmetric workspace: one allocation per rank with the same layout on every rank,
+//! which every peer can reach. This module holds the layout (sizes configurable and
+//! reported) and the backend-independent set-up and teardown protocol; the backends are
+//! CUDA IPC between processes and direct peer access inside one process (`device.rs`), and
+//! host memory for threads ([`HostBackend`]).
+//!
+//! Set-up, on every rank, in this order ([`SymmetricWorkspace::establish`]):
+//! 1. agree on the layout (every rank's configuration must match; else a [`Error::Mismatch`]
+//!    naming the rank);
+//! 2. allocate, **zero, and wait for the zeroing to complete** — only then
+//! 3. publish the handle (all-gather), so no peer can signal into memory that a late memset
+//!    would erase;
+//! 4. open every peer's handle, and agree that every rank succeeded (one failed rank fails
+//!    all, naming it, and everyone releases what it opened).
+//!
+//! Teardown ([`SymmetricWorkspace::release`]), after the caller synchronised its device
+//! work: meet the peers (nobody's kernels run any more), close the peers' mappings, meet
+//! again (nobody maps my memory any more), free my memory. If a peer is lost, its memory is
+//! never touched again; if a peer timed out (it may still be alive and mapping my memory),
+//! my allocation is leaked rather than freed under it, and the report says so.
+
+use std::fmt::Write as _;
+
+use crate::error::Error;
+use crate::host::HostComm;
+
+/// Alignment of every region (a page: keeps regions apart for the TLB and bulk copies).
+pub const REGION_ALIGN: usize = 4096;
+/// Bytes per flag word slot (one flag per 128-byte line, no false sharing).
+pub const FLAG_STRIDE: usize = 128;
+/// Flag-word slots per peer for set-up checks such as the ping-pong (each use takes a fresh
+/// slot, since flags are never reset).
+pub const FLAG_SLOTS: usize = 16;
+
+/// Sizes of the symmetric workspace. Every rank must use the same values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkspaceConfig {
+    /// Staging bytes, split into two sense halves (throughput regime).
+    pub staging_bytes: usize,
+    /// Bytes of one packet window (latency regime); there are two senses × world of them.
+    pub window_bytes: usize,
+    /// The most blocks a kernel of this communicator may use (per-block epochs, signals).
+    pub max_blocks: usize,
+    /// Staging slots per sense half (signal and drain words per slot).
+    pub slots: usize,
+}
+
+impl Default for WorkspaceConfig {
+    /// 16 MiB staging, 256 KiB windows, 64 blocks, 8 slots: 17 MiB at world 2, 24.5 MiB at
+    /// world 16 — small beside a model.
+    fn default() -> Self {
+        Self { staging_bytes: 16 << 20, window_bytes: 256 << 10, max_blocks: 64, slots: 8 }
+    }
+}
+
+impl WorkspaceConfig {
+    /// The defaults, overridden by `PURLIN_STAGING_BYTES`, `PURLIN_WINDOW_BYTES`,
+    /// `PURLIN_MAX_BLOCKS` and `PURLIN_SLOTS` where set.
+    pub fn from_env() -> Result<Self, Error> {
+        let mut c = Self::default();
+        for (var, field) in [
+            ("PURLIN_STAGING_BYTES", &mut c.staging_bytes),
+            ("PURLIN_WINDOW_BYTES", &mut c.window_bytes),
+            ("PURLIN_MAX_BLOCKS", &mut c.max_blocks),
+            ("PURLIN_SLOTS", &mut c.slots),
+        ] {
+            if let Ok(text) = std::env::var(var) {
+                *field = text.trim().parse().map_err(|e| Error::Env { var, problem: format!("{text:?}: {e}") })?;
+            }
+        }
+        Ok(c)
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        let bad = |what: String| Err(Error::InvalidArgument(format!("workspace config: {what}")));
+        if self.staging_bytes == 0 || self.staging_bytes % (2 * 256) != 0 {
+            return bad(format!(
+                "staging_bytes {} must be a positive multiple of 512 (two halves)",
+                self.staging_bytes
+            ));
+        }
+        if self.window_bytes == 0 || self.window_bytes % 256 != 0 {
+            return bad(format!("window_bytes {} must be a positive multiple of 256", self.window_bytes));
+        }
+        if !(1..=4096).contains(&self.max_blocks) {
+            return bad(format!("max_blocks {} must be in 1..=4096", self.max_blocks));
+        }
+        if !(1..=1024).contains(&self.slots) {
+            return bad(format!("slots {} must be in 1..=1024", self.slots));
+        }
+        Ok(())
+    }
+}
+
+/// One named region of the workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// The region's name.
+    pub name: &'static str,
+    /// Offset from the workspace base.
+    pub offset: usize,
+    /// Size in bytes.
+    pub bytes: usize,
+}
+
+/// Where everything is inside one rank's workspace (identical on every rank).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceLayout {
+    /// The configuration it came from.
+    pub config: WorkspaceConfig,
+    /// The number of ranks.
+    pub world: usize,
+    /// Poison word (u64 at 0: nonzero once a wait expired) and the failure record
+    /// (u64 at 8: peer + 1; u64 at 16: epoch; u64 at 24: block).
+    pub control: Region,
+    /// Flag words: `FLAG_SLOTS` per peer, each on its own 128-byte line, written by that peer.
+    pub flags: Region,
+    /// Per-block epochs (u64 × max_blocks).
+    pub epochs: Region,
+    /// Signal words (u64 × world × slots × max_blocks).
+    pub signals: Region,
+    /// Drain words (u64 × world × slots × max_blocks).
+    pub drains: Region,
+    /// Packet windows: two senses × world windows of `window_bytes`.
+    pub windows: Region,
+    /// Staging: two sense halves of `staging_bytes / 2`.
+    pub staging: Region,
+    /// Total bytes (a multiple of [`REGION_ALIGN`]).
+    pub total_bytes: usize,
+}
+
+fn align(n: usize) -> usize {
+    n.div_ceil(REGION_ALIGN) * REGION_ALIGN
+}
+
+impl WorkspaceLayout {
+    /// The layout for `world` ranks.
+    pub fn new(config: WorkspaceConfig, world: usize) -> Result<Self, Error> {
+        config.check()?;
+        if world == 0 || world > purlin_topo::MAX_WORLD {
+            return Err(Error::InvalidArgument(format!(
+                "world size {world} is outside 1..={}",
+                purlin_topo::MAX_WORLD
+            )));
+        }
+        let mut at = 0usize;
+        let mut region = |name, bytes: usize| {
+            let r = Region { name, offset: at, bytes };
+            at += align(bytes);
+            r
+        };
+        let words = world * config.slots * config.max_blocks * 8;
+        let control = region("control", 256);
+        let flags = region("flags", world * FLAG_SLOTS * FLAG_STRIDE);
+        let epochs = region("epochs", config.max_blocks * 8);
+        let signals = region("signals", words);
+        let drains = region("drains", words);
+        let windows = region("windows", 2 * world * config.window_bytes);
+        let staging = region("staging", config.staging_bytes);
+        Ok(Self { config, world, control, flags, epochs, signals, drains, windows, staging, total_bytes: at })
+    }
+
+    /// All regions in address order.
+    pub fn regions(&self) -> [Region; 7] {
+        [self.control, self.flags, self.epochs, self.signals, self.drains, self.windows, self.staging]
+    }
+
+    /// Offset of the flag word that `writer` sets in this rank's workspace, in slot `slot`.
+    pub fn flag_offset(&self, writer: usize, slot: usize) -> usize {
+        self.flags.offset + (writer * FLAG_SLOTS + slot) * FLAG_STRIDE
+    }
+
+    /// A table of the regions and their sizes.
+    pub fn report(&self) -> String {
+        let mut s = format!("symmetric workspace per rank (world {}):\n", self.world);
+        for r in self.regions() {
+            let _ = writeln!(s, "  {:<8} offset {:>10}  {:>10} bytes", r.name, r.offset, r.bytes);
+        }
+        let _ = write!(
+            s,
+            "  total    {:>10} bytes ({:.2} MiB)",
+            self.total_bytes,
+            self.total_bytes as f64 / (1 << 20) as f64
+        );
+        s
+    }
+
+    /// The bytes every rank compares at set-up.
+    fn digest(&self) -> Vec<u8> {
+        let c = &self.config;
+        [self.world, c.staging_bytes, c.window_bytes, c.max_blocks, c.slots, self.total_bytes]
+            .iter()
+            .flat_map(|v| (*v as u64).to_le_bytes())
+            .collect()
+    }
+}
+
+/// Where symmetric memory comes from and how peers reach it.
+pub trait SymmetricBackend {
+    /// This rank's allocation.
+    type Local;
+    /// A peer's allocation as mapped here.
+    type Remote;
+
+    /// Allocates `bytes`, zeroes them and returns only once the zeroing has completed.
+    fn alloc_zeroed(&mut self, bytes: usize) -> Result<Self::Local, Error>;
+    /// The handle peers open (e.g. a CUDA IPC handle).
+    fn export(&mut self, local: &Self::Local) -> Result<Vec<u8>, Error>;
+    /// Opens `peer`'s handle.
+    fn import(&mut self, peer: usize, handle: &[u8], bytes: usize) -> Result<Self::Remote, Error>;
+    /// The address of this rank's allocation.
+    fn local_addr(&self, local: &Self::Local) -> u64;
+    /// The address of a peer's allocation as mapped here.
+    fn remote_addr(&self, remote: &Self::Remote) -> u64;
+    /// Unmaps a peer's allocation (never touches its memory).
+    fn close(&mut self, remote: Self::Remote);
+    /// Frees this rank's allocation.
+    fn free(&mut self, local: Self::Local);
+}
+
+/// One rank's view of the symmetric workspace: its own allocation and every peer's.
+pub struct SymmetricWorkspace<B: SymmetricBackend> {
+    layout: WorkspaceLayout,
+    rank: usize,
+    local: Option<B::Local>,
+    remotes: Vec<Option<B::Remote>>,
+    addrs: Vec<u64>,
+}
+
+impl<B: SymmetricBackend> std::fmt::Debug for SymmetricWorkspace<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SymmetricWorkspace")
+            .field("rank", &self.rank)
+            .field("total_bytes", &self.layout.total_bytes)
+            .field("addrs", &self.addrs)
+            .finish()
+    }
+}
+
+/// What teardown did.
+#[derive(Debug, Default)]
+pub struct TeardownReport {
+    /// Both meetings with the peers succeeded.
+    pub met_peers: bool,
+    /// Peer mappings closed.
+    pub closed: usize,
+    /// Bytes of this rank's allocation left allocated because a peer might still map them.
+    pub leaked_bytes: usize,
+    /// The failure that made teardown unclean, if any.
+    pub error: Option<String>,
+}
+
+impl<B: SymmetricBackend> SymmetricWorkspace<B> {
+    /// Runs the set-up protocol above with every other rank of `host`.
+    pub fn establish(host: &HostComm, backend: &mut B, layout: WorkspaceLayout) -> Result<Self, Error> {
+        let (rank, world) = (host.rank(), host.world());
+        if layout.world != world {
+            return Err(Error::InvalidArgument(format!("layout for world {} used in world {world}", layout.world)));
+        }
+        let digests = host.all_gather(&layout.digest(), "set-up: workspace layout")?;
+        if let Some(peer) = digests.iter().position(|d| *d != layout.digest()) {
+            return Err(Error::Mismatch {
+                rank,
+                peer,
+                what: format!("workspace configuration (this rank: {:?}, world {world})", layout.config),
+            });
+        }
+        let local = backend.alloc_zeroed(layout.total_bytes)?;
+        let handle = match backend.export(&local) {
+            Ok(h) => h,
+            Err(e) => {
+                backend.free(local);
+                return Err(e);
+            }
+        };
+        // Published only now: the memory is zero and the zeroing has completed.
+        let handles = match host.all_gather(&handle, "set-up: publish workspace handles") {
+            Ok(h) => h,
+            Err(e) => {
+                backend.free(local);
+                return Err(e);
+            }
+        };
+        let mut ws =
+            Self { rank, remotes: (0..world).map(|_| None).collect(), addrs: vec![0; world], local: None, layout };
+        ws.addrs[rank] = backend.local_addr(&local);
+        ws.local = Some(local);
+        let mut failure = None;
+        for (peer, h) in handles.iter().enumerate() {
+            if peer == rank {
+                continue;
+            }
+            match backend.import(peer, h, ws.layout.total_bytes) {
+                Ok(r) => {
+                    ws.addrs[peer] = backend.remote_addr(&r);
+                    ws.remotes[peer] = Some(r);
+                }
+                Err(e) => {
+                    failure = Some(format!("opening rank {peer}'s workspace: {e}"));
+                    break;
+                }
+            }
+        }
+        let status = failure.clone().unwrap_or_default();
+        let verdicts = match host.all_gather(status.as_bytes(), "set-up: workspace mapped") {
+            Ok(v) => v,
+            Err(e) => {
+                ws.discard(backend);
+                return Err(e);
+            }
+        };
+        if let Some((peer, why)) = verdicts.iter().enumerate().find(|(_, v)| !v.is_empty()) {
+            ws.discard(backend);
+            let why = String::from_utf8_lossy(why).into_owned();
+            return Err(if peer == rank {
+                Error::Protocol { peer: None, what: why }
+            } else {
+                Error::Mismatch { rank, peer, what: format!("rank {peer} failed to map the workspace: {why}") }
+            });
+        }
+        Ok(ws)
+    }
+
+    /// Closes and frees everything at once, without meeting the peers (set-up failures,
+    /// where no kernel ever ran).
+    fn discard(&mut self, backend: &mut B) {
+        for r in self.remotes.iter_mut().filter_map(Option::take) {
+            backend.close(r);
+        }
+        if let Some(l) = self.local.take() {
+            backend.free(l);
+        }
+    }
+
+    /// [`Self::discard`] for owners that know no kernel runs and no peer maps this memory
+    /// (a single process whose GPUs were all synchronised).
+    pub(crate) fn discard_now(mut self, backend: &mut B) {
+        self.discard(backend);
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &WorkspaceLayout {
+        &self.layout
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Every rank's workspace base address as seen from this rank (own at `rank()`).
+    pub fn addrs(&self) -> &[u64] {
+        &self.addrs
+    }
+
+    /// The teardown protocol above. Call only after this rank's kernels have completed.
+    pub fn release(mut self, host: &HostComm, backend: &mut B) -> TeardownReport {
+        let mut report = TeardownReport::default();
+        let first = host.barrier("teardown: device work done");
+        // Closing a mapping never touches the peer's memory: always safe, even if it died.
+        for r in self.remotes.iter_mut().filter_map(Option::take) {
+            backend.close(r);
+            report.closed += 1;
+        }
+        let second = first.and_then(|()| host.barrier("teardown: peer mappings closed"));
+        let free = match &second {
+            Ok(()) => {
+                report.met_peers = true;
+                true
+            }
+            Err(e) => {
+                report.error = Some(e.to_string());
+                // A lost peer maps nothing any more; one that timed out may still.
+                !matches!(e, Error::Timeout { .. } | Error::Poisoned(_))
+            }
+        };
+        if let Some(l) = self.local.take() {
+            if free {
+                backend.free(l);
+            } else {
+                report.leaked_bytes = self.layout.total_bytes;
+                std::mem::forget(l);
+            }
+        }
+        report
+    }
+}
+
+/// Symmetric host memory for threads of one process (the host executor's workspace):
+/// every rank's allocation is a zeroed `u64` buffer that the others address directly.
+#[derive(Debug, Default)]
+pub struct HostBackend;
+
+/// A [`HostBackend`] allocation.
+#[derive(Debug)]
+pub struct HostAlloc {
+    buf: Box<[std::sync::atomic::AtomicU64]>,
+}
+
+impl SymmetricBackend for HostBackend {
+    type Local = HostAlloc;
+    type Remote = u64;
+
+    fn alloc_zeroed(&mut self, bytes: usize) -> Result<HostAlloc, Error> {
+        let words = bytes.div_ceil(8);
+        Ok(HostAlloc { buf: (0..words).map(|_| std::sync::atomic::AtomicU64::new(0)).collect() })
+    }
+
+    fn export(&mut self, local: &HostAlloc) -> Result<Vec<u8>, Error> {
+        let mut h = (local.buf.as_ptr() as u64).to_le_bytes().to_vec();
+        h.extend_from_slice(&std::process::id().to_le_bytes());
+        Ok(h)
+    }
+
+    fn import(&mut self, peer: usize, handle: &[u8], _bytes: usize) -> Result<u64, Error> {
+        let bad = || Error::Protocol { peer: Some(peer), what: "host workspace handle".into() };
+        let addr: [u8; 8] = handle.get(..8).and_then(|a| a.try_into().ok()).ok_or_else(bad)?;
+        let pid: [u8; 4] = handle.get(8..12).and_then(|a| a.try_into().ok()).ok_or_else(bad)?;
+        if u32::from_le_bytes(pid) != std::process::id() {
+            return Err(Error::Unsupported("host symmetric memory across processes (threads only for now)".into()));
+        }
+        Ok(u64::from_le_bytes(addr))
+    }
+
+    fn local_addr(&self, local: &HostAlloc) -> u64 {
+        local.buf.as_ptr() as u64
+    }
+
+    fn remote_addr(&self, remote: &u64) -> u64 {
+        *remote
+    }
+
+    fn close(&mut self, _remote: u64) {}
+
+    fn free(&mut self, local: HostAlloc) {
+        drop(local);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_aligned_disjoint_and_reported() {
+        for world in [1, 2, 8, 16] {
+            let l = WorkspaceLayout::new(WorkspaceConfig::default(), world).unwrap();
+            let regions = l.regions();
+            for w in regions.windows(2) {
+                assert!(w[0].offset + w[0].bytes <= w[1].offset, "{:?} overlaps {:?}", w[0], w[1]);
+            }
+            for r in regions {
+                assert_eq!(r.offset % REGION_ALIGN, 0);
+            }
+            assert_eq!(l.total_bytes % REGION_ALIGN, 0);
+            assert!(l.total_bytes < 32 << 20, "default workspace too big at world {world}: {}", l.total_bytes);
+            assert!(l.flag_offset(world - 1, FLAG_SLOTS - 1) + 8 <= l.flags.offset + l.flags.bytes);
+            assert!(l.report().contains("staging"));
+        }
+        let l2 = WorkspaceLayout::new(WorkspaceConfig::default(), 2).unwrap();
+        assert_eq!(l2.staging.bytes, 16 << 20);
+        assert_eq!(l2.windows.bytes, 2 * 2 * (256 << 10));
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        let d = WorkspaceConfig::default();
+        for c in [
+            WorkspaceConfig { staging_bytes: 0, ..d },
+            WorkspaceConfig { staging_bytes: 1000, ..d },
+            WorkspaceConfig { window_bytes: 17, ..d },
+            WorkspaceConfig { max_blocks: 0, ..d },
+            WorkspaceConfig { slots: 0, ..d },
+        ] {
+            assert!(matches!(WorkspaceLayout::new(c, 2), Err(Error::InvalidArgument(_))), "{c:?}");
+        }
+        assert!(WorkspaceLayout::new(d, 0).is_err());
+        assert!(WorkspaceLayout::new(d, 17).is_err());
+    }
+}
