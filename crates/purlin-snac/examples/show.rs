@@ -15,7 +15,9 @@ fn main() {
         Collective::AllGather => CollectiveSpec::all_gather(world, dt, count),
         Collective::ReduceScatter => CollectiveSpec::reduce_scatter(world, dt, ReduceOp::Sum, count),
         Collective::AllToAll => CollectiveSpec::all_to_all(world, dt, count),
-        Collective::AllGatherV => CollectiveSpec::all_gather_v(world, dt, (0..world as u64).map(|i| i * count).collect()),
+        Collective::AllGatherV => {
+            CollectiveSpec::all_gather_v(world, dt, (0..world as u64).map(|i| i * count).collect())
+        }
         Collective::ReduceScatterV => {
             CollectiveSpec::reduce_scatter_v(world, dt, ReduceOp::Sum, (0..world as u64).map(|i| i * count).collect())
         }
@@ -25,7 +27,15 @@ fn main() {
             (0..world as u64).map(|s| (0..world as u64).map(|d| (s + d) * count).collect()).collect(),
         ),
     };
-    let cfg = PlanConfig { regime, staging_side: side, chunk_bytes: 64, slots: 2, staging_bytes: 4096, window_bytes: 4096, ..Default::default() };
+    let cfg = PlanConfig {
+        regime,
+        staging_side: side,
+        chunk_bytes: 64,
+        slots: 2,
+        staging_bytes: 4096,
+        window_bytes: 4096,
+        ..Default::default()
+    };
     match derive(&spec, &cfg) {
         Ok(plans) => {
             for p in &plans {

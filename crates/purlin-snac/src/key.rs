@@ -17,15 +17,24 @@ use crate::types::{DataType, PacketFormat, ReduceOp, ReductionMode, Regime};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ShapeOp {
     /// A chunk loop over the next `body` ops.
-    Loop { body: u32 },
+    Loop {
+        body: u32,
+    },
     Stage,
-    Gather { packets: bool },
-    Reduce { srcs: u32, packets: bool },
+    Gather {
+        packets: bool,
+    },
+    Reduce {
+        srcs: u32,
+        packets: bool,
+    },
     PutPackets,
     Signal,
     Drain,
     Wait,
-    Arrive { notifies: u32 },
+    Arrive {
+        notifies: u32,
+    },
     HandshakeSend,
     HandshakeWait,
 }

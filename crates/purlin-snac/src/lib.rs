@@ -88,8 +88,8 @@ pub mod types;
 pub use derive::{AllReduceAlgo, DeriveError, PlanConfig, derive, derive_rank};
 pub use key::{BlockShape, KernelKey, ShapeOp};
 pub use plan::{
-    Advance, Alias, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, PlanError, Region,
-    Resources, Role, Space, Step, check_set, decode_plans, encode_plans, CodecError,
+    Advance, Alias, BlockProgram, CodecError, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, PlanError,
+    Region, Resources, Role, Space, Step, check_set, decode_plans, encode_plans,
 };
 pub use spec::{Collective, CollectiveSpec, Counts, Segment, SpecError};
 pub use types::{ConsumeOp, DataType, Layout, PacketFormat, ReduceOp, ReductionMode, Regime, StagingSide};

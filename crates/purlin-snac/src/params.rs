@@ -349,7 +349,12 @@ impl R<'_> {
         Ok(Guard { from: self.next()?, until: self.next()? })
     }
     fn off(&mut self) -> Result<Offset, ParamError> {
-        Ok(Offset { base: self.next()?, chunk_stride: self.next()?, chunk_modulus: self.next()?, sense_stride: self.next()? })
+        Ok(Offset {
+            base: self.next()?,
+            chunk_stride: self.next()?,
+            chunk_modulus: self.next()?,
+            sense_stride: self.next()?,
+        })
     }
     fn region(&mut self) -> Result<Region, ParamError> {
         let sp = self.next()?;

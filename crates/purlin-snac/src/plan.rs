@@ -481,10 +481,7 @@ impl Plan {
                             what: "nested chunk loop".into(),
                         });
                     }
-                    if body
-                        .iter()
-                        .any(|t| matches!(t, Step::HandshakeSend { .. } | Step::HandshakeWait { .. }))
-                    {
+                    if body.iter().any(|t| matches!(t, Step::HandshakeSend { .. } | Step::HandshakeWait { .. })) {
                         return Err(PlanError::Step {
                             rank,
                             block: b,
@@ -528,7 +525,11 @@ impl Plan {
             for s in [0, 1] {
                 let st = o
                     .base
-                    .checked_add(o.chunk_stride.checked_mul(if o.chunk_modulus == 0 { c } else { c % o.chunk_modulus })?)?
+                    .checked_add(o.chunk_stride.checked_mul(if o.chunk_modulus == 0 {
+                        c
+                    } else {
+                        c % o.chunk_modulus
+                    })?)?
                     .checked_add(o.sense_stride.checked_mul(s)?)?;
                 worst = worst.max(st.checked_add(l)?);
             }
@@ -537,8 +538,7 @@ impl Plan {
         // Candidate chunks where `offset(c) + len(c)` can peak: the range ends, the last chunk
         // whose length is unclamped and the one after it, and (cyclic) the last slot index.
         let mut cands = vec![lo, hi - 1];
-        if len.chunk_stride > 0 {
-            let full = len.total.saturating_sub(len.base).saturating_sub(len.max) / len.chunk_stride;
+        if let Some(full) = len.total.saturating_sub(len.base).saturating_sub(len.max).checked_div(len.chunk_stride) {
             cands.extend([full, full + 1]);
         }
         if o.chunk_modulus > 0 {
@@ -747,10 +747,10 @@ pub fn check_set(plans: &[Plan]) -> Result<(), PlanError> {
                 Step::HandshakeSend { peer, dst, .. } => {
                     hs.insert((*peer, p.rank, dst.base));
                 }
-                Step::PutPackets { dst: Region { space: Space::Window(q), offset }, len, .. } => {
-                    if range.0 < range.1 && len.at(range.0) > 0 {
-                        puts[*q as usize].push((offset.base, offset.base + len.max));
-                    }
+                Step::PutPackets { dst: Region { space: Space::Window(q), offset }, len, .. }
+                    if range.0 < range.1 && len.at(range.0) > 0 =>
+                {
+                    puts[*q as usize].push((offset.base, offset.base + len.max));
                 }
                 _ => {}
             }
@@ -762,9 +762,7 @@ pub fn check_set(plans: &[Plan]) -> Result<(), PlanError> {
             if err.is_some() || range.0 >= range.1 {
                 return;
             }
-            let fail = |what: String| {
-                Some(PlanError::Step { rank: p.rank, block: path.0, step: fmt_path(path), what })
-            };
+            let fail = |what: String| Some(PlanError::Step { rank: p.rank, block: path.0, step: fmt_path(path), what });
             match s {
                 Step::Wait { flag, .. } => {
                     let want = idx_set(flag, range);
@@ -849,7 +847,11 @@ impl fmt::Display for EpochVal {
 
 impl fmt::Display for Index {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.chunk_modulus == 0 { write!(f, "{}", self.base) } else { write!(f, "{}+c%{}", self.base, self.chunk_modulus) }
+        if self.chunk_modulus == 0 {
+            write!(f, "{}", self.base)
+        } else {
+            write!(f, "{}+c%{}", self.base, self.chunk_modulus)
+        }
     }
 }
 

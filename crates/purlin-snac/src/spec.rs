@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{ConsumeOp, DataType, Layout, ReduceOp, ReductionMode};
 use crate::WORLD_RANGE;
+use crate::types::{ConsumeOp, DataType, Layout, ReduceOp, ReductionMode};
 
 /// The collectives SNAC plans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -281,9 +281,7 @@ impl CollectiveSpec {
                 m.get(src as usize).and_then(|r| r.get(dst as usize)).copied().unwrap_or(0) * self.es()
             }
             (_, Collective::AllReduce) => self.uniform() * self.es(),
-            (_, Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll) => {
-                self.uniform() * self.es()
-            }
+            (_, Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll) => self.uniform() * self.es(),
             (_, Collective::AllGatherV) => self.per_rank(src) * self.es(),
             (_, Collective::ReduceScatterV) => self.per_rank(dst) * self.es(),
             (_, Collective::AllToAllV) => 0,
@@ -323,9 +321,7 @@ impl CollectiveSpec {
         let es = self.es();
         match self.collective {
             Collective::AllReduce => self.shard(p).0,
-            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
-                p as u64 * self.uniform() * es
-            }
+            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => p as u64 * self.uniform() * es,
             Collective::AllGatherV | Collective::ReduceScatterV => (0..p).map(|i| self.per_rank(i)).sum::<u64>() * es,
             Collective::AllToAllV => {
                 if in_input {

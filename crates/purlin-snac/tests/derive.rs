@@ -136,14 +136,8 @@ fn cyclic_staging_has_drains_resident_has_none() {
 #[test]
 fn typed_errors() {
     let f = DataType::F32;
-    assert_eq!(
-        CollectiveSpec::all_gather(1, f, 4).validate(),
-        Err(SpecError::WorldOutOfRange { world: 1 })
-    );
-    assert_eq!(
-        CollectiveSpec::all_gather(17, f, 4).validate(),
-        Err(SpecError::WorldOutOfRange { world: 17 })
-    );
+    assert_eq!(CollectiveSpec::all_gather(1, f, 4).validate(), Err(SpecError::WorldOutOfRange { world: 1 }));
+    assert_eq!(CollectiveSpec::all_gather(17, f, 4).validate(), Err(SpecError::WorldOutOfRange { world: 17 }));
     assert_eq!(
         CollectiveSpec::all_gather_v(3, f, vec![1, 2]).validate(),
         Err(SpecError::CountsLength { expected: 3, got: 2 })
@@ -159,10 +153,7 @@ fn typed_errors() {
     s.op = None;
     assert!(matches!(s.validate(), Err(SpecError::MissingReduceOp { .. })));
     assert!(matches!(CollectiveSpec::elements(f, 6), Err(SpecError::NotElementMultiple { .. })));
-    assert_eq!(
-        CollectiveSpec::all_to_all(2, DataType::U64, u64::MAX / 4).validate(),
-        Err(SpecError::SizeOverflow)
-    );
+    assert_eq!(CollectiveSpec::all_to_all(2, DataType::U64, u64::MAX / 4).validate(), Err(SpecError::SizeOverflow));
     // The V list of the wrong sum surfaces against the buffers.
     let v = CollectiveSpec::all_gather_v(2, f, vec![3, 5]);
     assert!(v.check_buffers(0, 3, 8).is_ok());
@@ -175,12 +166,12 @@ fn typed_errors() {
         bad(PlanConfig { blocks_per_role: 40, chunk_bytes: 16 * 40, ..Default::default() }),
         DeriveError::TooManyBlocks { .. }
     ));
+    assert!(matches!(bad(PlanConfig { staging_bytes: 64, ..Default::default() }), DeriveError::StagingTooSmall { .. }));
     assert!(matches!(
-        bad(PlanConfig { staging_bytes: 64, ..Default::default() }),
-        DeriveError::StagingTooSmall { .. }
-    ));
-    assert!(matches!(
-        derive(&CollectiveSpec::all_gather(2, f, 1 << 20), &PlanConfig { regime: Regime::Latency, ..Default::default() }),
+        derive(
+            &CollectiveSpec::all_gather(2, f, 1 << 20),
+            &PlanConfig { regime: Regime::Latency, ..Default::default() }
+        ),
         Err(DeriveError::WindowTooSmall { .. })
     ));
     assert!(matches!(

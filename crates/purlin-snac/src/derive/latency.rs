@@ -70,7 +70,8 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
         let bs = b as u64 * s;
         let len = |total: u64| Len::slice(s, total, bs, 0);
         let at = |off: u64| Offset::fixed(off + bs);
-        let win = |owner: u32, phase: u64, src: u32| Region::window(owner, Offset::fixed(cell(phase, src) + bs).sense(half));
+        let win =
+            |owner: u32, phase: u64, src: u32| Region::window(owner, Offset::fixed(cell(phase, src) + bs).sense(half));
         let mut steps = vec![];
         // Phase 0 puts.
         for q in (0..world).filter(|&q| q != rank) {

@@ -24,8 +24,7 @@
 
 use super::{DeriveError, PlanConfig, add_handshake, alias, compact, empty_non_v, two_shot};
 use crate::plan::{
-    Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Resources, Role,
-    Step,
+    Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Resources, Role, Step,
 };
 use crate::spec::{Collective, CollectiveSpec};
 use crate::types::{ConsumeOp, Regime, StagingSide};
@@ -109,10 +108,20 @@ impl Ctx<'_> {
         Index::cyclic(base as u32, self.slots as u32)
     }
     fn signal(&self, phase: u32, reader: u32, writer: u32) -> Notify {
-        Notify { kind: NotifyKind::Ready, peer: reader, flag: self.ready(phase, reader, writer), value: EpochVal::chunk(1) }
+        Notify {
+            kind: NotifyKind::Ready,
+            peer: reader,
+            flag: self.ready(phase, reader, writer),
+            value: EpochVal::chunk(1),
+        }
     }
     fn drain_to(&self, phase: u32, writer: u32, reader: u32) -> Notify {
-        Notify { kind: NotifyKind::Drain, peer: writer, flag: self.drain(phase, writer, reader), value: EpochVal::chunk(1) }
+        Notify {
+            kind: NotifyKind::Drain,
+            peer: writer,
+            flag: self.drain(phase, writer, reader),
+            value: EpochVal::chunk(1),
+        }
     }
     /// The writer's wait before overwriting a slot: drain of chunk `c - slots`.
     fn drain_wait(&self, phase: u32, writer: u32, reader: u32, ch: u64) -> Step {
@@ -170,7 +179,8 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
         return Err(DeriveError::StagingTooSmall { have: cfg.staging_bytes, areas, chunk: c });
     }
     let nb = cfg.blocks_per_role;
-    let roles: &[Role] = if composed { &[Role::Producer, Role::Head, Role::Tail] } else { &[Role::Producer, Role::Consumer] };
+    let roles: &[Role] =
+        if composed { &[Role::Producer, Role::Head, Role::Tail] } else { &[Role::Producer, Role::Consumer] };
     let grid = roles.len() as u64 * nb as u64;
     if grid > cfg.max_coresident_blocks as u64 {
         return Err(DeriveError::TooManyBlocks { need: grid, bound: cfg.max_coresident_blocks });
