@@ -48,7 +48,9 @@ fn free(ctx: &Arc<CudaContext>, a: DeviceAlloc) {
 }
 
 /// CUDA IPC between processes: export with `cuIpcGetMemHandle`, open with
-/// `cuIpcOpenMemHandle` (lazily enabling peer access).
+/// `cuIpcOpenMemHandle` (lazily enabling peer access). CUDA IPC cannot open a handle in the
+/// process that made it, so ranks that turn out to share a process (cudarc allows
+/// `from_rank` on threads) use the pointer directly through peer access instead.
 #[derive(Debug, Clone)]
 pub struct IpcBackend {
     ctx: Arc<CudaContext>,
@@ -61,11 +63,23 @@ impl IpcBackend {
     }
 }
 
+/// A peer's workspace as mapped by [`IpcBackend`].
+#[derive(Debug)]
+pub enum IpcRemote {
+    /// Opened with `cuIpcOpenMemHandle`; closed at teardown.
+    Ipc(sys::CUdeviceptr),
+    /// The same process: the peer's pointer itself, reached through peer access (the
+    /// peer's primary context is retained so the access stays valid).
+    SameProcess(sys::CUdeviceptr, Arc<CudaContext>),
+}
+
 const IPC_HANDLE_BYTES: usize = 64;
+/// handle, size, pid, pointer, device ordinal.
+const IPC_EXPORT_BYTES: usize = IPC_HANDLE_BYTES + 8 + 4 + 8 + 4;
 
 impl SymmetricBackend for IpcBackend {
     type Local = DeviceAlloc;
-    type Remote = sys::CUdeviceptr;
+    type Remote = IpcRemote;
 
     fn alloc_zeroed(&mut self, bytes: usize) -> Result<DeviceAlloc, Error> {
         alloc_zeroed(&self.ctx, bytes)
@@ -79,48 +93,68 @@ impl SymmetricBackend for IpcBackend {
         unsafe { sys::cuIpcGetMemHandle(&mut handle, local.ptr) }.result().map_err(driver("cuIpcGetMemHandle"))?;
         let mut out: Vec<u8> = handle.reserved.iter().map(|&c| c as u8).collect();
         out.extend_from_slice(&(local.bytes as u64).to_le_bytes());
+        out.extend_from_slice(&std::process::id().to_le_bytes());
+        out.extend_from_slice(&local.ptr.to_le_bytes());
+        out.extend_from_slice(&(self.ctx.ordinal() as u32).to_le_bytes());
         Ok(out)
     }
 
-    fn import(&mut self, peer: usize, handle: &[u8], bytes: usize) -> Result<sys::CUdeviceptr, Error> {
-        if handle.len() != IPC_HANDLE_BYTES + 8 {
+    fn import(&mut self, peer: usize, handle: &[u8], bytes: usize) -> Result<IpcRemote, Error> {
+        if handle.len() != IPC_EXPORT_BYTES {
             return Err(Error::Protocol { peer: Some(peer), what: format!("IPC handle of {} bytes", handle.len()) });
         }
-        let mut size = [0u8; 8];
-        size.copy_from_slice(&handle[IPC_HANDLE_BYTES..]);
-        if u64::from_le_bytes(size) != bytes as u64 {
+        let word = |at: usize, n: usize| {
+            let mut b = [0u8; 8];
+            b[..n].copy_from_slice(&handle[at..at + n]);
+            u64::from_le_bytes(b)
+        };
+        let size = word(IPC_HANDLE_BYTES, 8);
+        let pid = word(IPC_HANDLE_BYTES + 8, 4);
+        let ptr = word(IPC_HANDLE_BYTES + 12, 8);
+        let ordinal = word(IPC_HANDLE_BYTES + 20, 4) as usize;
+        if size != bytes as u64 {
             return Err(Error::Protocol {
                 peer: Some(peer),
-                what: format!("workspace of {} bytes, expected {bytes}", u64::from_le_bytes(size)),
+                what: format!("workspace of {size} bytes, expected {bytes}"),
             });
+        }
+        if pid == u64::from(std::process::id()) {
+            let to = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+            if to.cu_device() != self.ctx.cu_device() {
+                enable_peer_access(&self.ctx, &to)?;
+            }
+            return Ok(IpcRemote::SameProcess(ptr, to));
         }
         let mut h = sys::CUipcMemHandle { reserved: [0; IPC_HANDLE_BYTES] };
         for (d, s) in h.reserved.iter_mut().zip(handle) {
             *d = *s as std::ffi::c_char;
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        let mut ptr = 0;
+        let mut mapped = 0;
         let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint;
         // SAFETY: the context is current; `h` is a handle exported by another process for a
         // live allocation (it keeps it alive until our teardown meeting); out-pointer valid.
-        unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) }.result().map_err(driver("cuIpcOpenMemHandle"))?;
-        Ok(ptr)
+        unsafe { sys::cuIpcOpenMemHandle_v2(&mut mapped, h, flags) }.result().map_err(driver("cuIpcOpenMemHandle"))?;
+        Ok(IpcRemote::Ipc(mapped))
     }
 
     fn local_addr(&self, local: &DeviceAlloc) -> u64 {
         local.ptr
     }
 
-    fn remote_addr(&self, remote: &sys::CUdeviceptr) -> u64 {
-        *remote
+    fn remote_addr(&self, remote: &IpcRemote) -> u64 {
+        match remote {
+            IpcRemote::Ipc(p) | IpcRemote::SameProcess(p, _) => *p,
+        }
     }
 
-    fn close(&mut self, remote: sys::CUdeviceptr) {
+    fn close(&mut self, remote: IpcRemote) {
+        let IpcRemote::Ipc(ptr) = remote else { return };
         if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: `remote` came from cuIpcOpenMemHandle in this context and is closed
+            // SAFETY: `ptr` came from cuIpcOpenMemHandle in this context and is closed
             // once; this rank's kernels that used it have completed. Unmapping never
             // accesses the peer's memory, so it is safe after the peer died.
-            let _ = unsafe { sys::cuIpcCloseMemHandle(remote) };
+            let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
         }
     }
 

@@ -75,6 +75,22 @@ impl Id {
         Self::from_bytes(&bytes)
     }
 
+    /// The `n`-th id derived from this one. Every rank derives the same ids, so one
+    /// out-of-band exchange can serve many communicators (made one after another or side by
+    /// side); `derive(n)` never equals `self` or `derive(m)` for `m != n` (up to hash
+    /// collisions of 128 bits).
+    pub fn derive(&self, n: u64) -> Id {
+        let s = self.session();
+        let mut h1 = fnv1a(0xcbf2_9ce4_8422_2325, b"purlin-derive\0");
+        h1 = fnv1a(h1, &s);
+        h1 = fnv1a(h1, &n.to_le_bytes());
+        let h2 = fnv1a(h1 ^ 0x9e37_79b9_7f4a_7c15, &s);
+        let mut session = [0u8; 16];
+        session[..8].copy_from_slice(&h1.to_le_bytes());
+        session[8..].copy_from_slice(&h2.to_le_bytes());
+        Id::from_session(session)
+    }
+
     pub(crate) fn from_session(session: [u8; 16]) -> Self {
         let mut bytes = [0u8; ID_BYTES];
         bytes[..8].copy_from_slice(MAGIC);
@@ -252,6 +268,10 @@ mod tests {
         assert!(Id::from_bytes(&[0u8; ID_BYTES]).is_err(), "an NCCL-like id without our magic");
         assert!(Id::from_bytes(&[0u8; 3]).is_err());
         assert!(Id::from_hex("zz").is_err());
+        assert_ne!(a.derive(0), a);
+        assert_ne!(a.derive(0), a.derive(1));
+        assert_eq!(a.derive(7), Id::uninit(*a.internal()).derive(7));
+        a.derive(3).check().unwrap();
     }
 
     #[test]

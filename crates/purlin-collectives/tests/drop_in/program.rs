@@ -1,0 +1,56 @@
+// A program written against `cudarc::nccl` (set-up + AllReduce). `tests/nccl_drop_in.rs`
+// compiles it twice: after `use cudarc::nccl::{...}` and after
+// `use purlin_collectives::nccl::{...}` — the only line that differs.
+//
+// Errors are turned into anyhow errors with `{:?}`, as cudarc programs must do, since
+// `NcclError` is not a `std::error::Error`.
+
+/// One process, every GPU: `from_devices`, then an AllReduce per rank inside a group.
+pub fn all_reduce_from_devices(n: usize) -> anyhow::Result<Vec<Vec<f32>>> {
+    let n_devices = cudarc::driver::CudaContext::device_count()? as usize;
+    let streams = (0..n_devices)
+        .map(|i| cudarc::driver::CudaContext::new(i).map(|ctx| ctx.default_stream()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let comms = Comm::from_devices(streams).map_err(|e| anyhow::anyhow!("from_devices: {e:?}"))?;
+    let mut buffers = Vec::new();
+    for comm in &comms {
+        let stream = comm.stream();
+        let send = stream.clone_htod(&vec![(comm.rank() + 1) as f32; n])?;
+        let recv = stream.alloc_zeros::<f32>(n)?;
+        buffers.push((send, recv));
+    }
+    group_start().map_err(|e| anyhow::anyhow!("group_start: {e:?}"))?;
+    for (comm, (send, recv)) in comms.iter().zip(buffers.iter_mut()) {
+        comm.all_reduce(send, recv, &ReduceOp::Sum).map_err(|e| anyhow::anyhow!("all_reduce: {e:?}"))?;
+    }
+    group_end().map_err(|e| anyhow::anyhow!("group_end: {e:?}"))?;
+    let mut out = Vec::new();
+    for (comm, (_, recv)) in comms.iter().zip(&buffers) {
+        out.push(comm.stream().clone_dtoh(recv)?);
+    }
+    Ok(out)
+}
+
+/// One rank per thread: rank 0 makes the Id, the others rebuild it from its bytes.
+pub fn all_reduce_from_rank(world: usize, n: usize) -> anyhow::Result<Vec<Vec<f32>>> {
+    let id = Id::new().map_err(|e| anyhow::anyhow!("Id::new: {e:?}"))?;
+    let bytes = *id.internal(); // what would travel through a file
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                s.spawn(move || -> anyhow::Result<Vec<f32>> {
+                    let id = Id::uninit(bytes);
+                    let stream = cudarc::driver::CudaContext::new(rank)?.default_stream();
+                    let comm = Comm::from_rank(stream.clone(), rank, world, id)
+                        .map_err(|e| anyhow::anyhow!("from_rank: {e:?}"))?;
+                    assert_eq!((comm.rank(), comm.world_size()), (rank, world));
+                    let mut buf = stream.clone_htod(&vec![(rank + 1) as f32; n])?;
+                    comm.all_reduce_in_place(&mut buf, &ReduceOp::Sum)
+                        .map_err(|e| anyhow::anyhow!("all_reduce_in_place: {e:?}"))?;
+                    Ok(stream.clone_dtoh(&buf)?)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("rank panicked"))?).collect()
+    })
+}
