@@ -35,7 +35,8 @@ fn stream(env: &TorchEnv) -> Result<Arc<CudaStream>> {
     if !purlin_collectives::topo::driver_present() {
         bail!("no CUDA driver");
     }
-    let ctx = CudaContext::new(env.local_rank).with_context(|| format!("CUDA context on GPU {}", env.local_rank))?;
+    let ordinal = env.device_ordinal(purlin_collectives::topo::device_count())?;
+    let ctx = CudaContext::new(ordinal).with_context(|| format!("CUDA context on GPU {ordinal}"))?;
     Ok(ctx.new_stream()?)
 }
 

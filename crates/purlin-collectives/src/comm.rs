@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-    sys,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+    LaunchConfig, PushKernelArg, sys,
 };
 use cudarc::nvrtc::Ptx;
 use purlin_atom::{Arch, KernelCache};
@@ -499,14 +499,8 @@ impl Comm {
         if !purlin_topo::driver_present() {
             return Err(purlin_topo::TopoError::NoDriver.into());
         }
-        let count = purlin_topo::device_count();
-        if env.local_rank >= count {
-            return Err(Error::Env {
-                var: "LOCAL_RANK",
-                problem: format!("{} but this process sees {count} GPUs", env.local_rank),
-            });
-        }
-        let ctx = CudaContext::new(env.local_rank).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let ordinal = env.device_ordinal(purlin_topo::device_count())?;
+        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
         let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
         Self::from_env_with_stream(stream, CommConfig::from_env()?)
     }
@@ -792,6 +786,12 @@ impl Comm {
         self.enqueue_check::<T>("reduce_scatter", s, r, s == r * self.world)
     }
 
+    /// Starts a group (cudarc's `Comm::group`); calls on the group take views whose
+    /// lifetimes must cover the group's. Ending the group (dropping it) is a no-op for Purlin.
+    pub fn group(&self) -> Group<'_> {
+        Group { comm: self }
+    }
+
     /// Tears down now and says how it went (dropping does the same, silently).
     pub fn close(mut self) -> TeardownReport {
         self.teardown()
@@ -827,6 +827,108 @@ impl Drop for Comm {
                 report.error.as_deref().unwrap_or("peer did not meet")
             );
         }
+    }
+}
+
+/// A group of calls (cudarc's `nccl::Group`), made by [`Comm::group`].
+#[derive(Debug)]
+pub struct Group<'a> {
+    comm: &'a Comm,
+}
+
+impl<'g> Group<'g> {
+    /// The communicator.
+    pub fn comm(&self) -> &'g Comm {
+        self.comm
+    }
+
+    /// [`Comm::send`].
+    pub fn send<'s: 'g, T: NcclType>(&mut self, data: CudaView<'s, T>, peer: i32) -> Result<(), Error> {
+        self.comm.send(&data, peer)
+    }
+
+    /// [`Comm::recv`].
+    pub fn recv<'r: 'g, T: NcclType>(&mut self, mut buff: CudaViewMut<'r, T>, peer: i32) -> Result<Status, Error> {
+        self.comm.recv(&mut buff, peer)
+    }
+
+    /// [`Comm::broadcast`].
+    pub fn broadcast<'s: 'g, 'r: 'g, T: NcclType>(
+        &mut self,
+        sendbuff: Option<CudaView<'s, T>>,
+        mut recvbuff: CudaViewMut<'r, T>,
+        root: i32,
+    ) -> Result<Status, Error> {
+        self.comm.broadcast(sendbuff.as_ref(), &mut recvbuff, root)
+    }
+
+    /// [`Comm::broadcast_in_place`].
+    pub fn broadcast_in_place<'r: 'g, T: NcclType>(
+        &mut self,
+        mut recvbuff: CudaViewMut<'r, T>,
+        root: i32,
+    ) -> Result<Status, Error> {
+        self.comm.broadcast_in_place(&mut recvbuff, root)
+    }
+
+    /// [`Comm::all_gather`].
+    pub fn all_gather<'s: 'g, 'r: 'g, T: NcclType>(
+        &mut self,
+        sendbuff: CudaView<'s, T>,
+        mut recvbuff: CudaViewMut<'r, T>,
+    ) -> Result<Status, Error> {
+        self.comm.all_gather(&sendbuff, &mut recvbuff)
+    }
+
+    /// [`Comm::all_reduce`].
+    pub fn all_reduce<'s: 'g, 'r: 'g, T: NcclType>(
+        &mut self,
+        sendbuff: CudaView<'s, T>,
+        mut recvbuff: CudaViewMut<'r, T>,
+        reduce_op: &ReduceOp,
+    ) -> Result<Status, Error> {
+        self.comm.all_reduce(&sendbuff, &mut recvbuff, reduce_op)
+    }
+
+    /// [`Comm::all_reduce_in_place`].
+    pub fn all_reduce_in_place<'r: 'g, T: NcclType>(
+        &mut self,
+        mut buff: CudaViewMut<'r, T>,
+        reduce_op: &ReduceOp,
+    ) -> Result<Status, Error> {
+        self.comm.all_reduce_in_place(&mut buff, reduce_op)
+    }
+
+    /// [`Comm::reduce`].
+    pub fn reduce<'s: 'g, 'r: 'g, T: NcclType>(
+        &mut self,
+        sendbuff: CudaView<'s, T>,
+        recvbuff: Option<CudaViewMut<'r, T>>,
+        reduce_op: &ReduceOp,
+        root: i32,
+    ) -> Result<Status, Error> {
+        let mut recvbuff = recvbuff;
+        self.comm.reduce(&sendbuff, recvbuff.as_mut(), reduce_op, root)
+    }
+
+    /// [`Comm::reduce_in_place`].
+    pub fn reduce_in_place<'s: 'g, T: NcclType>(
+        &mut self,
+        mut recvbuff: CudaViewMut<'s, T>,
+        reduce_op: &ReduceOp,
+        root: i32,
+    ) -> Result<Status, Error> {
+        self.comm.reduce_in_place(&mut recvbuff, reduce_op, root)
+    }
+
+    /// [`Comm::reduce_scatter`].
+    pub fn reduce_scatter<'s: 'g, 'r: 'g, T: NcclType>(
+        &mut self,
+        sendbuff: CudaView<'s, T>,
+        mut recvbuff: CudaViewMut<'r, T>,
+        reduce_op: &ReduceOp,
+    ) -> Result<Status, Error> {
+        self.comm.reduce_scatter(&sendbuff, &mut recvbuff, reduce_op)
     }
 }
 

@@ -212,6 +212,20 @@ impl TorchEnv {
         Ok(env)
     }
 
+    /// The GPU this process should drive, given how many it sees: `LOCAL_RANK`, or GPU 0
+    /// when the launcher left each process exactly one GPU (`CUDA_VISIBLE_DEVICES` per rank).
+    pub fn device_ordinal(&self, visible: usize) -> Result<usize, Error> {
+        match visible {
+            0 => Err(Error::Env { var: "LOCAL_RANK", problem: "this process sees no GPU".into() }),
+            1 => Ok(0),
+            n if self.local_rank < n => Ok(self.local_rank),
+            n => Err(Error::Env {
+                var: "LOCAL_RANK",
+                problem: format!("{} but this process sees {n} GPUs", self.local_rank),
+            }),
+        }
+    }
+
     /// The id every rank derives alike for its `seq`-th communicator of this job: the
     /// rendezvous name comes from MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID (and the
     /// restart count), never from a socket on MASTER_PORT.
@@ -290,6 +304,14 @@ mod tests {
         other_port[5] = ("MASTER_PORT", "29501");
         assert_ne!(TorchEnv::from_lookup(env(&other_port)).unwrap().id(0), e.id(0));
         e.id(0).check().unwrap();
+        assert_eq!(e.device_ordinal(2).unwrap(), 1);
+        assert_eq!(e.device_ordinal(1).unwrap(), 0);
+        assert!(e.device_ordinal(0).is_err());
+        let mut four = TORCH.to_vec();
+        four[2] = ("LOCAL_RANK", "5");
+        four[1] = ("WORLD_SIZE", "8");
+        four[3] = ("LOCAL_WORLD_SIZE", "8");
+        assert!(TorchEnv::from_lookup(env(&four)).unwrap().device_ordinal(4).is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! `NcclError`), statuses are [`Status`] (cudarc's `NcclStatus`), and `Id::new` makes a
 //! Purlin id (it names a Unix socket, not an NCCL bootstrap).
 
-pub use crate::comm::{Comm, CommConfig, DataType, NcclType, ReduceOp, Status, group_end, group_start};
+pub use crate::comm::{Comm, CommConfig, DataType, Group, NcclType, ReduceOp, Status, group_end, group_start};
 pub use crate::error::Error;
 pub use crate::id::Id;
 

@@ -22,6 +22,7 @@ fn the_same_program_compiles_against_both() {
     let nccl_rank: [RankProgram; 1] = [with_nccl::all_reduce_from_rank];
     let purlin_rank: [RankProgram; 1] = [with_purlin::all_reduce_from_rank];
     assert_eq!(nccl.len() + nccl_rank.len(), purlin.len() + purlin_rank.len());
+    let _ = (with_nccl::all_reduce_grouped, with_purlin::all_reduce_grouped);
 }
 
 fn expect_sums(out: &[Vec<f32>], world: usize, n: usize) {

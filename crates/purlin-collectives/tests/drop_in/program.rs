@@ -54,3 +54,17 @@ pub fn all_reduce_from_rank(world: usize, n: usize) -> anyhow::Result<Vec<Vec<f3
         handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("rank panicked"))?).collect()
     })
 }
+
+/// The group API with views made before the group, as cudarc requires.
+pub fn all_reduce_grouped(
+    comm: &Comm,
+    send: &cudarc::driver::CudaSlice<f32>,
+    recv: &mut cudarc::driver::CudaSlice<f32>,
+) -> anyhow::Result<()> {
+    let send_view = send.as_view();
+    let recv_view = recv.as_view_mut();
+    let mut group = comm.group();
+    group.all_reduce(send_view, recv_view, &ReduceOp::Sum).map_err(|e| anyhow::anyhow!("grouped all_reduce: {e:?}"))?;
+    drop(group);
+    Ok(())
+}
