@@ -836,6 +836,14 @@ pub struct Group<'a> {
     comm: &'a Comm,
 }
 
+impl Drop for Group<'_> {
+    /// Ends the group (cudarc calls `ncclGroupEnd` here); Purlin's calls were already
+    /// enqueued one by one, so there is nothing to flush.
+    fn drop(&mut self) {
+        let _ = group_end();
+    }
+}
+
 impl<'g> Group<'g> {
     /// The communicator.
     pub fn comm(&self) -> &'g Comm {
