@@ -364,17 +364,8 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         Ok::<_, Error>((module, pingpong, bound))
     })();
     let (module, pingpong, local_bound) = agree(&host, kernels, "set-up: compiling kernels")?;
-    let bounds = host.all_gather(&local_bound.to_le_bytes(), "set-up: co-residency bounds")?;
-    let min_bound = bounds
-        .iter()
-        .enumerate()
-        .map(|(p, b)| {
-            b.as_slice()
-                .try_into()
-                .map(u32::from_le_bytes)
-                .map_err(|_| Error::Protocol { peer: Some(p), what: "co-residency bound".into() })
-        })
-        .try_fold(u32::MAX, |m, b| b.map(|b| m.min(b)))?;
+    let min_bound = host.all_min(u64::from(local_bound), "set-up: co-residency bounds")?;
+    let min_bound = u32::try_from(min_bound).unwrap_or(local_bound);
 
     let (addrs, owner) = match backend {
         Backend::Ipc(mut b) => {

@@ -190,6 +190,20 @@ impl HostComm {
         Ok(std::mem::take(&mut all[root]))
     }
 
+    /// The minimum of every rank's `value` (e.g. co-residency bounds at set-up).
+    pub fn all_min(&self, value: u64, during: &str) -> Result<u64, Error> {
+        let all = self.all_gather(&value.to_le_bytes(), during)?;
+        let mut min = u64::MAX;
+        for (peer, b) in all.iter().enumerate() {
+            let bytes: [u8; 8] = b
+                .as_slice()
+                .try_into()
+                .map_err(|_| Error::Protocol { peer: Some(peer), what: format!("{during}: {} bytes", b.len()) })?;
+            min = min.min(u64::from_le_bytes(bytes));
+        }
+        Ok(min)
+    }
+
     /// Whether an earlier failure broke this communicator.
     pub fn is_broken(&self) -> bool {
         match &self.inner {

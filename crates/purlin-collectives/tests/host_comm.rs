@@ -423,3 +423,25 @@ fn teardown_after_a_lost_peer_frees_and_after_a_timeout_leaks() {
     assert!(!r.met_peers && r.leaked_bytes > 0 && r.closed == 1, "{r:?}");
     assert!(!b.events.contains(&"free".to_string()), "{:?}", b.events);
 }
+
+#[test]
+fn all_min_over_threads_and_comm_is_send_and_sync() {
+    let members = HostComm::threads(3, T);
+    std::thread::scope(|s| {
+        for h in &members {
+            s.spawn(move || assert_eq!(h.all_min(100 - h.rank() as u64 * 7, "bounds").unwrap(), 86));
+        }
+    });
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<purlin_collectives::Comm>();
+    send_sync::<HostComm>();
+}
+
+#[test]
+fn from_env_outside_torchrun_is_a_typed_error() {
+    if std::env::var_os("RANK").is_some() {
+        return;
+    }
+    let e = purlin_collectives::Comm::from_env().unwrap_err();
+    assert!(matches!(e, Error::Env { var: "RANK", .. }), "{e}");
+}
