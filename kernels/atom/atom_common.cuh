@@ -110,35 +110,26 @@ __device__ __forceinline__ float fp8_to_f32(u8 c) {
 
 // fp8 encode, round to nearest even. FN (e4m3): NaN -> NaN, overflow and +-Inf saturate to
 // the largest finite value. Otherwise (e5m2): overflow -> +-Inf, NaN -> quiet NaN.
+// Branch-free: the normal-range code comes from adding the rounding bias to the f32 bits
+// (a mantissa carry moves into the exponent), subnormal codes from rni(|f| * 2^(BIAS-1+MAN)).
 template <int EXP, int MAN, int BIAS, bool FN>
 __device__ __forceinline__ u8 f32_to_fp8(float f) {
+  constexpr u32 kInf = ((1u << EXP) - 1u) << MAN;                              // e5m2 only
+  constexpr u32 kMax = FN ? (1u << (EXP + MAN)) - 2u : kInf - 1u;              // largest finite
+  constexpr u32 kSat = FN ? kMax : kInf;                                       // what overflow gives
+  constexpr u32 kNan = FN ? 0x7fu : (kInf | (1u << (MAN - 1)));
+  constexpr u32 kMinNormal = (u32)(127 + 1 - BIAS) << 23;                      // f32 bits of 2^(1-BIAS)
+  constexpr u32 kSubScale = (u32)(127 + BIAS - 1 + MAN) << 23;                 // f32 bits of 2^(BIAS-1+MAN)
   const u32 x = f32_bits(f);
   const u32 sign = (x >> 24) & 0x80u;
   const u32 a = x & 0x7fffffffu;
-  const u32 max_code = FN ? ((1u << (EXP + MAN)) - 2u) : (((1u << EXP) - 2u) << MAN | ((1u << MAN) - 1u));
-  const u32 inf_code = ((1u << EXP) - 1u) << MAN;  // e5m2 only
-  if (a > 0x7f800000u) return (u8)(sign | (FN ? 0x7fu : (inf_code | (1u << (MAN - 1)))));
-  if (a == 0x7f800000u) return (u8)(sign | (FN ? max_code : inf_code));
-  const int e = (int)(a >> 23) - 127;
-  if (e < 1 - BIAS) {
-    // Below the smallest normal: m = rne(|f| * 2^(BIAS - 1 + MAN)); m == 2^MAN is the
-    // smallest normal, whose code is exactly 2^MAN.
-    const float scaled = bits_f32(a) * bits_f32((u32)(127 + BIAS - 1 + MAN) << 23);
-    float r;
-    asm("cvt.rni.f32.f32 %0, %1;" : "=f"(r) : "f"(scaled));
-    return (u8)(sign | (u32)r);
-  }
-  if (e > (int)((1u << EXP) - 1u) - BIAS) return (u8)(sign | (FN ? max_code : inf_code));
-  const u32 mant = a & 0x7fffffu;
-  u32 code = ((u32)(e + BIAS) << MAN) | (mant >> (23 - MAN));
-  const u32 rem = mant & ((1u << (23 - MAN)) - 1u);
-  const u32 half = 1u << (22 - MAN);
-  if (rem > half || (rem == half && (code & 1u))) code += 1u;
-  if (FN) {
-    if (code > max_code) code = max_code;
-  } else if (code > inf_code) {
-    code = inf_code;
-  }
+  const u32 r = a + ((1u << (22 - MAN)) - 1u) + ((a >> (23 - MAN)) & 1u);
+  u32 code = (r >> (23 - MAN)) - ((u32)(127 - BIAS) << MAN);
+  code = code > kMax ? kSat : code;
+  u32 sub;
+  asm("cvt.rni.sat.u32.f32 %0, %1;" : "=r"(sub) : "f"(bits_f32(a) * bits_f32(kSubScale)));
+  code = a < kMinNormal ? sub : code;
+  code = a > 0x7f800000u ? kNan : code;
   return (u8)(sign | code);
 }
 
@@ -288,7 +279,7 @@ __device__ __forceinline__ void copy_share(void* dst_, const void* src_, u64 byt
 
 // Scalar reduce of elements [begin, end) of every source (table in shared memory).
 template <class T, class Op>
-__device__ __forceinline__ void reduce_scalar(typename T::storage* dst, const u64* srcs, u32 n, u64 begin, u64 end) {
+__device__ __noinline__ void reduce_scalar(typename T::storage* dst, const u64* srcs, u32 n, u64 begin, u64 end) {
   typedef typename T::storage S;
   for (u64 i = begin + tid(); i < end; i += nthreads()) {
     typename T::acc a = T::decode(((const S*)srcs[0])[i]);

@@ -165,7 +165,7 @@ impl DeviceBuffer {
         &self.ctx
     }
 
-    /// Copies `data` to byte offset `offset` (synchronous).
+    /// Copies `data` to byte offset `offset` (synchronous: done when this returns).
     pub fn upload(&self, offset: usize, data: &[u8]) -> Result<(), AtomError> {
         assert!(offset.checked_add(data.len()).is_some_and(|end| end <= self.bytes), "upload out of bounds");
         if data.is_empty() {
@@ -174,18 +174,18 @@ impl DeviceBuffer {
         self.ctx.bind_to_thread()?;
         // SAFETY: the range lies inside the allocation (asserted); `data` is valid for reads.
         unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr().cast(), data.len()) }.result()?;
+        self.ctx.synchronize()?;
         Ok(())
     }
 
-    /// Reads `len` bytes from byte offset `offset` (synchronous; waits for prior work on
-    /// the legacy default stream, and so for all blocking streams).
+    /// Reads `len` bytes from byte offset `offset`, after all work of the context is done.
     pub fn download(&self, offset: usize, len: usize) -> Result<Vec<u8>, AtomError> {
         assert!(offset.checked_add(len).is_some_and(|end| end <= self.bytes), "download out of bounds");
         let mut out = vec![0u8; len];
         if len == 0 {
             return Ok(out);
         }
-        self.ctx.bind_to_thread()?;
+        self.ctx.synchronize()?;
         // SAFETY: the range lies inside the allocation (asserted); `out` holds `len` bytes.
         unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset as u64, len) }.result()?;
         Ok(out)
@@ -196,6 +196,8 @@ impl DeviceBuffer {
         self.ctx.bind_to_thread()?;
         // SAFETY: the whole allocation.
         unsafe { sys::cuMemsetD8_v2(self.ptr, value, self.bytes.max(1)) }.result()?;
+        // cuMemset on device memory may return before it is done.
+        self.ctx.synchronize()?;
         Ok(())
     }
 }
@@ -310,7 +312,7 @@ impl DeviceAtom {
     }
 
     fn check_stream(&self, stream: &CudaStream) -> Result<(), AtomError> {
-        if !Arc::ptr_eq(stream.context(), &self.ctx) {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
             return Err(AtomError::WrongContext {
                 stream_device: stream.context().ordinal(),
                 atom_device: self.ctx.ordinal(),
@@ -558,7 +560,7 @@ impl DeviceAtom {
     fn peers(&self, streams: &[Arc<CudaStream>]) -> Result<Vec<bool>, AtomError> {
         let mut peer = Vec::with_capacity(streams.len());
         for s in streams {
-            let is_peer = !Arc::ptr_eq(s.context(), &self.ctx);
+            let is_peer = s.context().cu_ctx() != self.ctx.cu_ctx();
             if is_peer {
                 self.enable_peer_access(s.context())?;
             }

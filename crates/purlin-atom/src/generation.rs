@@ -278,3 +278,55 @@ impl AtomSpec {
 pub fn atom_headers(generation: Generation) -> Vec<(String, String)> {
     AtomSpec::new(generation).headers()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generations_follow_the_compute_capability() {
+        let hopper = Arch::SM90;
+        assert_eq!(Generation::for_arch(hopper), Ok(Generation::Hopper));
+        assert_eq!(
+            Generation::selectable_on(hopper),
+            vec![Generation::Generic, Generation::Ampere, Generation::Hopper]
+        );
+        assert_eq!(Generation::for_arch(Arch::SM100), Ok(Generation::Blackwell));
+        assert_eq!(Generation::for_arch(Arch { major: 8, minor: 9 }), Ok(Generation::Ampere));
+        assert_eq!(Generation::for_arch(Arch { major: 7, minor: 5 }), Ok(Generation::Generic));
+        assert_eq!(
+            Generation::for_arch(Arch { major: 7, minor: 0 }),
+            Err(GenerationError::TooOld(Arch { major: 7, minor: 0 }))
+        );
+        assert_eq!(Generation::choose(hopper, Some(Generation::Generic)), Ok(Generation::Generic));
+        assert!(matches!(
+            Generation::choose(hopper, Some(Generation::Blackwell)),
+            Err(GenerationError::Unsupported { generation: Generation::Blackwell, .. })
+        ));
+        for g in Generation::ALL {
+            assert_eq!(g.name().parse::<Generation>(), Ok(g));
+        }
+        assert!(matches!("volta".parse::<Generation>(), Err(GenerationError::Unknown(_))));
+    }
+
+    #[test]
+    fn params_are_validated_and_sized() {
+        let spec = AtomSpec::new(Generation::Hopper);
+        assert_eq!(spec.smem_bytes(), 5 * 2 * 16 * 512);
+        assert_eq!(spec.bytes_in_flight(), 4 * 2 * 16 * 512);
+        assert_eq!(AtomSpec::new(Generation::Generic).smem_bytes(), 0);
+        assert_eq!(AtomSpec::new(Generation::Generic).bytes_in_flight(), 8 * 16 * 512);
+        let bad = AtomParams { threads: 100, depth: 4, vecs: 2 };
+        assert!(AtomSpec::with_params(Generation::Ampere, bad).is_err());
+        let huge = AtomParams { threads: 1024, depth: 16, vecs: 8 };
+        assert!(AtomSpec::with_params(Generation::Hopper, huge).is_err());
+        let one_stage = AtomParams { threads: 256, depth: 1, vecs: 2 };
+        assert!(AtomSpec::with_params(Generation::Hopper, one_stage).is_err());
+        let h = spec.headers();
+        for name in ["atom.cuh", "atom_impl.cuh", "atom_config.cuh", "atom_common.cuh"] {
+            assert!(h.iter().any(|(n, _)| n == name), "{name} missing");
+        }
+        let imp = &h.iter().find(|(n, _)| n == "atom_impl.cuh").unwrap().1;
+        assert!(imp.contains("The Hopper Atom"));
+    }
+}

@@ -116,38 +116,29 @@ fn fp8_to_f32(c: u8, exp: u32, man: u32, bias: i32, fn_: bool) -> f32 {
     f32::from_bits(sign | (((e as i32 - bias + 127) as u32) << 23) | (m << (23 - man)))
 }
 
+/// Encodes to fp8, round to nearest even, with the device's branch-free recipe: the
+/// normal-range code from adding the rounding bias to the f32 bits (a mantissa carry moves
+/// into the exponent), subnormal codes from `rne(|f| * 2^(bias-1+man))`.
 fn f32_to_fp8(f: f32, exp: u32, man: u32, bias: i32, fn_: bool) -> u8 {
+    let inf = ((1u32 << exp) - 1) << man;
+    let max = if fn_ { (1u32 << (exp + man)) - 2 } else { inf - 1 };
+    let sat = if fn_ { max } else { inf };
+    let nan = if fn_ { 0x7f } else { inf | (1 << (man - 1)) };
+    let min_normal = ((127 + 1 - bias) as u32) << 23;
+    let sub_scale = f32::from_bits(((127 + bias - 1 + man as i32) as u32) << 23);
     let x = f.to_bits();
     let sign = (x >> 24) & 0x80;
     let a = x & 0x7fff_ffff;
-    let max_code = if fn_ { (1 << (exp + man)) - 2 } else { (((1 << exp) - 2) << man) | ((1 << man) - 1) };
-    let inf_code = ((1 << exp) - 1) << man;
+    let r = a + ((1 << (22 - man)) - 1) + ((a >> (23 - man)) & 1);
+    let mut code = (r >> (23 - man)).wrapping_sub(((127 - bias) as u32) << man);
+    if code > max {
+        code = sat;
+    }
+    if a < min_normal {
+        code = (f32::from_bits(a) * sub_scale).round_ties_even() as u32;
+    }
     if a > 0x7f80_0000 {
-        return (sign | if fn_ { 0x7f } else { inf_code | (1 << (man - 1)) }) as u8;
-    }
-    if a == 0x7f80_0000 {
-        return (sign | if fn_ { max_code } else { inf_code }) as u8;
-    }
-    let e = (a >> 23) as i32 - 127;
-    if e < 1 - bias {
-        let scale = f32::from_bits(((127 + bias - 1 + man as i32) as u32) << 23);
-        let m = (f32::from_bits(a) * scale).round_ties_even() as u32;
-        return (sign | m) as u8;
-    }
-    if e > ((1 << exp) - 1) - bias {
-        return (sign | if fn_ { max_code } else { inf_code }) as u8;
-    }
-    let mant = a & 0x7f_ffff;
-    let mut code = (((e + bias) as u32) << man) | (mant >> (23 - man));
-    let rem = mant & ((1 << (23 - man)) - 1);
-    let half = 1 << (22 - man);
-    if rem > half || (rem == half && code & 1 == 1) {
-        code += 1;
-    }
-    if fn_ {
-        code = code.min(max_code);
-    } else {
-        code = code.min(inf_code);
+        code = nan;
     }
     (sign | code) as u8
 }

@@ -378,6 +378,39 @@ impl KernelCache {
         Ok(format!("{}-{arch}-{h:016x}", unit.name))
     }
 
+    /// [`get_or_compile`](Self::get_or_compile) for many units on up to `threads` threads
+    /// (NVRTC compiles independent programs concurrently); results in input order.
+    pub fn get_or_compile_all(
+        &self,
+        jobs: &[(TranslationUnit, Arch)],
+        threads: usize,
+    ) -> Result<Vec<CompiledKernel>, NvrtcError> {
+        load()?;
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<std::sync::Mutex<Option<Result<CompiledKernel, NvrtcError>>>> =
+            jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        std::thread::scope(|scope| {
+            for _ in 0..threads.clamp(1, jobs.len().max(1)) {
+                scope.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((unit, arch)) = jobs.get(i) else { break };
+                        let r = self.get_or_compile(unit, *arch);
+                        *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                    }
+                });
+            }
+        });
+        results
+            .into_iter()
+            .map(|m| {
+                m.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(|| {
+                    Err(NvrtcError::Api { call: "get_or_compile_all", status: "a worker did not finish".into() })
+                })
+            })
+            .collect()
+    }
+
     /// Returns the cached CUBIN for `unit` on `arch`, compiling and storing it if absent.
     pub fn get_or_compile(&self, unit: &TranslationUnit, arch: Arch) -> Result<CompiledKernel, NvrtcError> {
         let key = Self::key(unit, arch)?;
@@ -394,7 +427,10 @@ impl KernelCache {
         };
         std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
         // Write then rename, so a concurrent reader never sees a partial CUBIN.
-        let tmp = self.dir.join(format!("{key}.cubin.{}.tmp", std::process::id()));
+        // Unique per process and call, so concurrent compiles of one key never share a file.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.join(format!("{key}.cubin.{}-{seq}.tmp", std::process::id()));
         std::fs::write(&tmp, &cubin).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
         Ok(CompiledKernel { cubin, key, from_cache: false })

@@ -1,0 +1,377 @@
+//! Device tests of every Atom that runs on this GPU (on an H200: generic, Ampere, Hopper)
+//! against the host Atom, bit for bit (NaN payloads aside): conversions of every code,
+//! copy and reduce at odd sizes and misaligned offsets, with sources and destination local
+//! or on the peer GPU, fresh random data (specials included) and poisoned outputs.
+//!
+//! `#[ignore]`d: run on the GPU machine with
+//! `gpu-atom-test --ignored --test-threads=1 --nocapture` (the GPU round does this).
+//! Each test prints one `ATOM-GPU` line per part it checked.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Rng, first_mismatch, random_elements};
+use cudarc::driver::CudaContext;
+use purlin_atom::device::{DeviceBuffer, driver_present};
+use purlin_atom::host;
+use purlin_atom::sources::standalone_units;
+use purlin_atom::{AtomSpec, DType, DeviceAtom, Generation, KernelCache, ReduceOp};
+
+struct Gpus {
+    ctxs: Vec<Arc<CudaContext>>,
+    cache: KernelCache,
+    generations: Vec<Generation>,
+}
+
+/// The first two GPUs (peer access enabled both ways) and every Atom compiled for them.
+/// Panics without a GPU: an ignored test that is run must not pass vacuously.
+fn gpus() -> Gpus {
+    assert!(driver_present(), "no CUDA driver: these tests need a GPU");
+    let count = CudaContext::device_count().expect("device count");
+    assert!(count >= 1, "no CUDA device");
+    let ctxs: Vec<_> = (0..count.min(2) as usize).map(|i| CudaContext::new(i).expect("context")).collect();
+    if ctxs.len() == 2 {
+        purlin_atom::device::enable_peer_access(&ctxs[0], &ctxs[1]).expect("peer access 0 -> 1");
+        purlin_atom::device::enable_peer_access(&ctxs[1], &ctxs[0]).expect("peer access 1 -> 0");
+    } else {
+        println!("ATOM-GPU note: one GPU, the peer placements are skipped");
+    }
+    let arch = purlin_atom::device::arch_of(&ctxs[0]).expect("arch");
+    let generations = Generation::selectable_on(arch);
+    let cache = KernelCache::default_location();
+    let jobs: Vec<_> =
+        generations.iter().flat_map(|&g| standalone_units(&AtomSpec::new(g))).map(|u| (u, arch)).collect();
+    let started = std::time::Instant::now();
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(4).min(16);
+    cache.get_or_compile_all(&jobs, threads).unwrap_or_else(|e| panic!("{e}"));
+    println!(
+        "ATOM-GPU setup: {} GPU(s), {arch}, generations {:?}, {} units ready in {:.1?} (cache {})",
+        ctxs.len(),
+        generations,
+        jobs.len(),
+        started.elapsed(),
+        cache.dir().display()
+    );
+    Gpus { ctxs, cache, generations }
+}
+
+fn buffer(ctx: &Arc<CudaContext>, bytes: usize) -> DeviceBuffer {
+    DeviceBuffer::new(ctx, bytes).expect("cuMemAlloc")
+}
+
+/// f32 inputs that probe rounding for a type whose decoded values are `decoded`.
+fn probe_inputs(decoded: &[u32], rng: &mut Rng) -> Vec<u32> {
+    let mut finite: Vec<f64> =
+        decoded.iter().map(|&b| f32::from_bits(b)).filter(|v| v.is_finite()).map(f64::from).collect();
+    finite.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    finite.dedup();
+    let mut out: Vec<u32> = decoded.to_vec();
+    for w in finite.windows(2) {
+        let mid = ((w[0] + w[1]) / 2.0) as f32;
+        out.extend([mid.to_bits(), mid.to_bits().wrapping_add(1), mid.to_bits().wrapping_sub(1)]);
+    }
+    for f in [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, f32::MAX, f32::MIN, 1e-45, 448.0, 464.0]
+    {
+        out.push(f.to_bits());
+    }
+    out.extend((0..1_000_000).map(|_| rng.next_u32()));
+    out
+}
+
+#[test]
+#[ignore = "needs a GPU (run in a GPU round)"]
+fn gpu_conversions_of_every_code_match_the_host_atom() {
+    let g = gpus();
+    let ctx = &g.ctxs[0];
+    let stream = ctx.default_stream();
+    let mut rng = Rng::new(0x5eed_0001);
+    for &generation in &g.generations {
+        let atom = DeviceAtom::new(ctx, Some(generation), &g.cache).expect("atom");
+        for dtype in [DType::F16, DType::BF16, DType::E4M3, DType::E5M2] {
+            let size = dtype.size();
+            let ncodes = 1usize << (8 * size);
+            // Decode every code.
+            let codes: Vec<u8> = (0..ncodes).flat_map(|c| (c as u32).to_le_bytes()[..size].to_vec()).collect();
+            let codes_d = buffer(ctx, codes.len());
+            codes_d.upload(0, &codes).expect("upload");
+            let out_d = buffer(ctx, ncodes * 4);
+            out_d.fill(0xa5).expect("poison");
+            // SAFETY: both buffers hold `ncodes` elements on this device.
+            unsafe { atom.decode_raw(&stream, dtype, out_d.ptr(), codes_d.ptr(), ncodes) }.expect("decode");
+            stream.synchronize().expect("sync");
+            let got = out_d.download(0, ncodes * 4).expect("download");
+            let got: Vec<u32> = got.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            for (c, &gc) in got.iter().enumerate() {
+                let want = host::decode_bits(dtype, c as u32);
+                let both_nan = f32::from_bits(want).is_nan() && f32::from_bits(gc).is_nan();
+                assert!(gc == want || both_nan, "{generation} {dtype} decode {c:#x}: {gc:#010x} vs host {want:#010x}");
+            }
+            // Encode every decoded value, the ties between neighbours and random f32s.
+            let probes = probe_inputs(&got, &mut rng);
+            let bytes: Vec<u8> = probes.iter().flat_map(|b| b.to_le_bytes()).collect();
+            let in_d = buffer(ctx, bytes.len());
+            in_d.upload(0, &bytes).expect("upload");
+            let enc_d = buffer(ctx, probes.len() * size);
+            enc_d.fill(0xa5).expect("poison");
+            // SAFETY: `in_d` holds probes.len() u32s, `enc_d` as many elements.
+            unsafe { atom.encode_raw(&stream, dtype, enc_d.ptr(), in_d.ptr(), probes.len()) }.expect("encode");
+            stream.synchronize().expect("sync");
+            let enc = enc_d.download(0, probes.len() * size).expect("download");
+            for (i, &p) in probes.iter().enumerate() {
+                let got = common::code_at(dtype, &enc, i);
+                let want = host::encode_bits(dtype, p);
+                let both_nan = host::is_nan_code(dtype, got) && host::is_nan_code(dtype, want);
+                assert!(got == want || both_nan, "{generation} {dtype} encode {p:#010x}: {got:#x} vs host {want:#x}");
+            }
+            println!(
+                "ATOM-GPU conversions {generation} {dtype}: {ncodes} codes decoded, {} values encoded: OK",
+                probes.len()
+            );
+        }
+    }
+}
+
+/// Where a test's buffers live: device 0 (local) or device 1 (peer); the kernel runs on 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Place {
+    Local,
+    Peer,
+}
+
+fn placements(g: &Gpus) -> Vec<(Place, Place)> {
+    let mut p = vec![(Place::Local, Place::Local)];
+    if g.ctxs.len() == 2 {
+        p.extend([(Place::Peer, Place::Local), (Place::Local, Place::Peer), (Place::Peer, Place::Peer)]);
+    }
+    p
+}
+
+const GUARD: usize = 64;
+const POISON: u8 = 0xa5;
+
+#[test]
+#[ignore = "needs a GPU (run in a GPU round)"]
+fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
+    let g = gpus();
+    let stream = g.ctxs[0].default_stream();
+    let mut rng = Rng::new(0x5eed_0002);
+    const MAX: usize = (8 << 20) + 13;
+    let small = [0usize, 1, 2, 15, 16, 17, 31, 255, 4095, 4096, 4097, 65_537];
+    let large = [1_000_003usize, MAX];
+    // (src offset, dst offset): aligned, equally misaligned, misaligned by a multiple of 4,
+    // and byte-misaligned.
+    let offsets = [(0usize, 0usize), (5, 5), (16, 0), (4, 8), (3, 6), (1, 0)];
+    let mut cases = 0;
+    for (sp, dp) in placements(&g) {
+        let ctx_of = |p: Place| if p == Place::Local { &g.ctxs[0] } else { &g.ctxs[1] };
+        let src_host = rng.bytes(MAX + GUARD);
+        let src = buffer(ctx_of(sp), MAX + GUARD);
+        src.upload(0, &src_host).expect("upload");
+        let dst = buffer(ctx_of(dp), MAX + 2 * GUARD);
+        for &generation in &g.generations {
+            let atom = DeviceAtom::new(&g.ctxs[0], Some(generation), &g.cache).expect("atom");
+            let run = |size: usize, so: usize, doff: usize, blocks: u32| {
+                dst.fill(POISON).expect("poison");
+                let d = GUARD + doff;
+                // SAFETY: src holds MAX + GUARD bytes and so + size <= that; dst holds
+                // MAX + 2 GUARD bytes and d + size <= that; peer access is enabled.
+                unsafe { atom.copy_raw(&stream, dst.ptr() + d as u64, src.ptr() + so as u64, size, blocks) }
+                    .expect("copy");
+                stream.synchronize().expect("sync");
+                let got = dst.download(d - GUARD, size + 2 * GUARD).expect("download");
+                let what =
+                    format!("{generation} copy {sp:?}->{dp:?} size {size} offsets ({so},{doff}) blocks {blocks}");
+                assert!(got[..GUARD].iter().all(|&b| b == POISON), "{what}: wrote before the destination");
+                assert!(got[GUARD + size..].iter().all(|&b| b == POISON), "{what}: wrote past the destination");
+                if let Some(i) = (0..size).find(|&i| got[GUARD + i] != src_host[so + i]) {
+                    panic!("{what}: byte {i} is {:#x}, want {:#x}", got[GUARD + i], src_host[so + i]);
+                }
+            };
+            for &size in &small {
+                for &(so, doff) in &offsets {
+                    for blocks in [1, 3, 64] {
+                        run(size, so, doff, blocks);
+                        cases += 1;
+                    }
+                }
+            }
+            for &size in &large {
+                for &(so, doff) in &[(0, 0), (3, 3), (1, 2)] {
+                    run(size.min(MAX - so), so, doff, 16);
+                    cases += 1;
+                }
+            }
+        }
+        println!("ATOM-GPU copy {sp:?}->{dp:?}: OK");
+    }
+    println!("ATOM-GPU copy: {cases} cases OK");
+}
+
+#[test]
+#[ignore = "needs a GPU (run in a GPU round)"]
+fn gpu_reduce_matches_the_host_atom_for_every_generation_dtype_op_size_and_placement() {
+    let g = gpus();
+    let stream = g.ctxs[0].default_stream();
+    let mut rng = Rng::new(0x5eed_0003);
+    const MAXN: usize = 16;
+    let counts = [1usize, 2, 7, 33, 1000, 4099, 70_001];
+    const BIG: usize = 1_000_003;
+    let peers = g.ctxs.len() == 2;
+    let mut cases = 0;
+    for dtype in DType::ALL {
+        let size = dtype.size();
+        let cap = (BIG + GUARD) * size;
+        // Fresh random data per source, held on both GPUs, so a placement picks pointers.
+        let data: Vec<Vec<u8>> = (0..MAXN).map(|_| random_elements(&mut rng, dtype, BIG + GUARD, true)).collect();
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        for d in &data {
+            let b = buffer(&g.ctxs[0], cap);
+            b.upload(0, d).expect("upload");
+            local.push(b);
+            if peers {
+                let b = buffer(&g.ctxs[1], cap);
+                b.upload(0, d).expect("upload");
+                remote.push(b);
+            }
+        }
+        let dst_local = buffer(&g.ctxs[0], cap + 2 * GUARD * size);
+        let dst_remote = peers.then(|| buffer(&g.ctxs[1], cap + 2 * GUARD * size));
+        for &generation in &g.generations {
+            let atom = DeviceAtom::new(&g.ctxs[0], Some(generation), &g.cache).expect("atom");
+            for op in ReduceOp::ALL {
+                // placement: 0 all local; 1 odd ranks on the peer; 2 destination on the peer;
+                // 3 in place (destination is rank 1's buffer, local).
+                let run = |n: usize, count: usize, soff: usize, doff: usize, placement: u32, blocks: u32| {
+                    let in_place = placement == 3;
+                    let (dst, dst_ptr_base, guard) = if in_place {
+                        (&local[1], local[1].ptr(), 0usize)
+                    } else if placement == 2 {
+                        let d = dst_remote.as_ref().expect("peer");
+                        (d, d.ptr(), GUARD * size)
+                    } else {
+                        (&dst_local, dst_local.ptr(), GUARD * size)
+                    };
+                    if !in_place {
+                        dst.fill(POISON).expect("poison");
+                    }
+                    let srcs: Vec<u64> = (0..n)
+                        .map(|r| {
+                            let on_peer = placement == 1 && r % 2 == 1;
+                            let b = if on_peer { &remote[r] } else { &local[r] };
+                            if in_place && r == 1 {
+                                b.ptr() + (doff * size) as u64
+                            } else {
+                                b.ptr() + (soff * size) as u64
+                            }
+                        })
+                        .collect();
+                    let d = dst_ptr_base + (guard + doff * size) as u64;
+                    // SAFETY: every source holds BIG + GUARD elements, offsets + count stay
+                    // below that; the destination has GUARD elements of margin either side
+                    // (none in place, where it is exactly rank 1's range); peers enabled.
+                    unsafe { atom.reduce_raw(&stream, dtype, op, d, &srcs, count, blocks) }.expect("reduce");
+                    stream.synchronize().expect("sync");
+                    let got = dst.download(doff * size, count * size + 2 * guard).expect("download");
+                    let want = {
+                        let slices: Vec<&[u8]> = (0..n)
+                            .map(|r| {
+                                let o = if in_place && r == 1 { doff } else { soff };
+                                &data[r][o * size..(o + count) * size]
+                            })
+                            .collect();
+                        let mut w = vec![0u8; count * size];
+                        host::reduce_bytes(dtype, op, &mut w, &slices).expect("host reduce");
+                        w
+                    };
+                    let what = format!(
+                        "{generation} reduce {dtype} {op} n={n} count={count} offsets ({soff},{doff}) placement {placement} blocks {blocks}"
+                    );
+                    if guard > 0 {
+                        assert!(got[..guard].iter().all(|&b| b == POISON), "{what}: wrote before the destination");
+                        assert!(got[guard + count * size..].iter().all(|&b| b == POISON), "{what}: wrote past the end");
+                    }
+                    if let Some((i, gv, wv)) = first_mismatch(dtype, &got[guard..guard + count * size], &want) {
+                        panic!("{what}: element {i} is {gv:#x}, host Atom says {wv:#x}");
+                    }
+                    if in_place {
+                        dst.upload(0, &data[1]).expect("restore rank 1's source");
+                    }
+                };
+                let place_set: &[u32] = if peers { &[0, 1, 2, 3] } else { &[0, 3] };
+                for &n in &[1usize, 2, 3, 16] {
+                    for &count in &counts {
+                        for &placement in place_set {
+                            // aligned; all equally misaligned (vector path after a head);
+                            // destination misaligned differently (scalar path).
+                            for &(soff, doff) in &[(0usize, 0usize), (1, 1), (0, 1)] {
+                                if placement == 3 && soff != doff {
+                                    continue;
+                                }
+                                let blocks = if count > 5000 { 24 } else { 1 + (count % 5) as u32 };
+                                run(n, count, soff, doff, placement, blocks);
+                                cases += 1;
+                            }
+                        }
+                    }
+                }
+                run(3, BIG, 0, 0, if peers { 1 } else { 0 }, 32);
+                run(2, BIG - 5, 3, 3, if peers { 2 } else { 0 }, 7);
+                cases += 2;
+            }
+            println!("ATOM-GPU reduce {generation} {dtype}: OK");
+        }
+    }
+    println!("ATOM-GPU reduce: {cases} cases OK");
+}
+
+#[test]
+#[ignore = "needs a GPU (run in a GPU round)"]
+fn gpu_safe_api_on_cudarc_buffers_local_and_peer() {
+    let g = gpus();
+    let s0 = g.ctxs[0].new_stream().expect("stream");
+    let atom = DeviceAtom::new(&g.ctxs[0], None, &g.cache).expect("atom");
+    println!("ATOM-GPU safe API: default generation on this GPU is {}", atom.generation());
+    let mut rng = Rng::new(0x5eed_0004);
+    let n = 100_003;
+    let a: Vec<f32> = (0..n).map(|_| rng.f32(8.0)).collect();
+    let b: Vec<f32> = (0..n).map(|_| rng.f32(8.0)).collect();
+    let mut want = vec![0f32; n];
+    host::reduce(ReduceOp::Sum, &mut want, &[&a, &b]).expect("host");
+
+    let a_d = s0.clone_htod(&a).expect("htod");
+    let b_local = s0.clone_htod(&b).expect("htod");
+    let mut out = s0.alloc_zeros::<f32>(n).expect("alloc");
+    atom.reduce(&s0, ReduceOp::Sum, &mut out, &[&a_d, &b_local], 8).expect("reduce");
+    assert_eq!(s0.clone_dtoh(&out).expect("dtoh"), want, "local reduce");
+
+    // Errors: lengths, source count, blocks, a stream of another device.
+    let short = s0.alloc_zeros::<f32>(n - 1).expect("alloc");
+    assert!(matches!(
+        atom.reduce(&s0, ReduceOp::Sum, &mut out, &[&a_d, &short], 8),
+        Err(purlin_atom::AtomError::LengthMismatch { index: 1, .. })
+    ));
+    assert!(matches!(atom.copy(&s0, &mut out, &a_d, 0), Err(purlin_atom::AtomError::Blocks(0))));
+    let none: [&cudarc::driver::CudaSlice<f32>; 0] = [];
+    assert!(matches!(atom.reduce(&s0, ReduceOp::Sum, &mut out, &none, 8), Err(purlin_atom::AtomError::SourceCount(0))));
+
+    if g.ctxs.len() == 2 {
+        let s1 = g.ctxs[1].new_stream().expect("stream");
+        assert!(matches!(
+            atom.copy(&s1, &mut out, &a_d, 4),
+            Err(purlin_atom::AtomError::WrongContext { stream_device: 1, atom_device: 0 })
+        ));
+        // A peer source from cudarc's stream-ordered pool, and a peer destination.
+        let b_peer = s1.clone_htod(&b).expect("htod");
+        let mut out2 = s0.alloc_zeros::<f32>(n).expect("alloc");
+        atom.reduce(&s0, ReduceOp::Sum, &mut out2, &[&a_d, &b_peer], 8).expect("peer reduce");
+        assert_eq!(s0.clone_dtoh(&out2).expect("dtoh"), want, "reduce with a peer source");
+        let mut peer_dst = s1.alloc_zeros::<f32>(n).expect("alloc");
+        atom.copy(&s0, &mut peer_dst, &out2, 16).expect("push copy");
+        assert_eq!(s1.clone_dtoh(&peer_dst).expect("dtoh"), want, "copy to a peer destination");
+        println!("ATOM-GPU safe API: local and peer (pool memory) reduce and copy: OK");
+    } else {
+        println!("ATOM-GPU safe API: local reduce OK (one GPU: peer part skipped)");
+    }
+}
