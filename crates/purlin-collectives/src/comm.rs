@@ -235,7 +235,7 @@ pub struct Comm {
 }
 
 /// Turns this rank's outcome of a step into everyone's: all ranks exchange their status;
-/// this rank's own error is returned as is, a peer's as a [`Error::Mismatch`] naming it.
+/// this rank's own error is returned as is, a peer's as a [`Error::PeerFailed`] naming it.
 fn agree<T>(host: &HostComm, mine: Result<T, Error>, during: &str) -> Result<T, Error> {
     let status = match &mine {
         Ok(_) => String::new(),
@@ -247,10 +247,11 @@ fn agree<T>(host: &HostComm, mine: Result<T, Error>, during: &str) -> Result<T, 
     };
     let value = mine?;
     if let Some((peer, why)) = all.iter().enumerate().find(|(_, s)| !s.is_empty()) {
-        return Err(Error::Mismatch {
+        return Err(Error::PeerFailed {
             rank: host.rank(),
             peer,
-            what: format!("rank {peer} failed {during}: {}", String::from_utf8_lossy(why)),
+            during: during.into(),
+            error: String::from_utf8_lossy(why).into_owned(),
         });
     }
     Ok(value)
@@ -444,7 +445,7 @@ impl Comm {
             let mut errors: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
             let root = errors
                 .iter()
-                .position(|e| !matches!(e, Error::Mismatch { .. } | Error::PeerLost { .. } | Error::Timeout { .. }))
+                .position(|e| !matches!(e, Error::PeerFailed { .. } | Error::PeerLost { .. } | Error::Timeout { .. }))
                 .unwrap_or(0);
             return Err(errors.swap_remove(root));
         }

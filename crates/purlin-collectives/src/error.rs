@@ -77,6 +77,18 @@ pub enum Error {
         /// On what.
         what: String,
     },
+    /// Another rank failed a set-up step (it reported its own error, quoted here).
+    #[error("rank {rank}: rank {peer} failed {during}: {error}")]
+    PeerFailed {
+        /// This rank.
+        rank: usize,
+        /// The rank that failed.
+        peer: usize,
+        /// The step.
+        during: String,
+        /// Its error, as text.
+        error: String,
+    },
     /// A malformed or unexpected rendezvous message.
     #[error("rendezvous protocol error with rank {peer:?}: {what}")]
     Protocol {
@@ -105,7 +117,8 @@ impl Error {
             Error::Timeout { peer, .. }
             | Error::PeerLost { peer, .. }
             | Error::DeviceTimeout { peer, .. }
-            | Error::Mismatch { peer, .. } => Some(*peer),
+            | Error::Mismatch { peer, .. }
+            | Error::PeerFailed { peer, .. } => Some(*peer),
             Error::Protocol { peer, .. } => *peer,
             _ => None,
         }

@@ -315,7 +315,7 @@ impl<B: SymmetricBackend> SymmetricWorkspace<B> {
             return Err(if peer == rank {
                 Error::Protocol { peer: None, what: why }
             } else {
-                Error::Mismatch { rank, peer, what: format!("rank {peer} failed to map the workspace: {why}") }
+                Error::PeerFailed { rank, peer, during: "set-up: mapping the workspace".into(), error: why }
             });
         }
         Ok(ws)

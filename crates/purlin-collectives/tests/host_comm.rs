@@ -338,7 +338,7 @@ fn workspace_bookkeeping(h: &HostComm) {
     if rank == 0 {
         assert!(matches!(e, Error::Protocol { .. }), "{e}");
     } else {
-        assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "rank {rank}: {e}");
+        assert!(matches!(e, Error::PeerFailed { peer: 0, .. }), "rank {rank}: {e}");
     }
     assert_eq!(b.events.last().unwrap(), "free", "{:?}", b.events);
     let opened = b.events.iter().filter(|x| x.starts_with("import")).count();
