@@ -27,7 +27,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use purlin_atom::{Arch, KernelCache};
-use purlin_topo::Device;
+use purlin_topo::{Device, GenerationHint};
 
 use crate::device::{IpcBackend, PeerBackend, max_coresident_blocks};
 use crate::error::{Error, driver};
@@ -224,6 +224,7 @@ pub struct Comm {
     host: HostComm,
     device: Device,
     devices: Vec<Device>,
+    generation: GenerationHint,
     layout: WorkspaceLayout,
     addrs: Vec<u64>,
     module: Arc<CudaModule>,
@@ -297,9 +298,9 @@ fn decode_device(peer: usize, bytes: &[u8]) -> Result<Device, Error> {
 
 /// Local checks of the gathered devices: one generation, distinct GPUs, peer access from
 /// this GPU to every peer GPU this process can see.
-fn check_devices(rank: usize, devices: &[Device], ctx: &Arc<CudaContext>) -> Result<(), Error> {
+fn check_devices(rank: usize, devices: &[Device], ctx: &Arc<CudaContext>) -> Result<GenerationHint, Error> {
     let refs: Vec<&Device> = devices.iter().collect();
-    purlin_topo::common_generation(&refs)?;
+    let (_, generation) = purlin_topo::common_generation(&refs)?;
     for (peer, d) in devices.iter().enumerate() {
         if peer == rank {
             continue;
@@ -332,7 +333,7 @@ fn check_devices(rank: usize, devices: &[Device], ctx: &Arc<CudaContext>) -> Res
             return Err(purlin_topo::TopoError::NoPeerAccess { from: ctx.ordinal(), to: dev as usize }.into());
         }
     }
-    Ok(())
+    Ok(generation)
 }
 
 enum Backend {
@@ -351,7 +352,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
     let gathered = host.all_gather(&encode_device(&device), "set-up: exchanging GPU descriptions")?;
     let devices: Vec<Device> =
         gathered.iter().enumerate().map(|(p, b)| decode_device(p, b)).collect::<Result<_, _>>()?;
-    agree(&host, check_devices(rank, &devices, &ctx), "set-up: checking the GPUs")?;
+    let generation = agree(&host, check_devices(rank, &devices, &ctx), "set-up: checking the GPUs")?;
 
     // Kernels are compiled before the final barrier, so a peer compiling for seconds is
     // waited for under the set-up timeout, not taken for dead later.
@@ -385,6 +386,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         host,
         device,
         devices,
+        generation,
         layout,
         addrs,
         module,
@@ -537,6 +539,11 @@ impl Comm {
     /// Every rank's GPU, in rank order.
     pub fn devices(&self) -> &[Device] {
         &self.devices
+    }
+
+    /// The Atom generation every rank's GPU calls for (one kernel key per communicator).
+    pub fn generation(&self) -> GenerationHint {
+        self.generation
     }
 
     /// The host communicator of this rank (barriers and small exchanges, bounded waits).

@@ -43,12 +43,13 @@ fn free_bytes(ordinal: usize) -> usize {
 fn describe(c: &Comm) {
     let d = c.device();
     println!(
-        "COMM rank {}/{} gpu{} {} {} {} SMs, co-residency bound (smoke kernel): {} here, {} agreed",
+        "COMM rank {}/{} gpu{} {} {} ({:?} Atom) {} SMs, co-residency bound (smoke kernel): {} here, {} agreed",
         c.rank(),
         c.world_size(),
         c.ordinal(),
         d.name,
         d.compute_capability,
+        c.generation(),
         d.sm_count,
         c.coresidency().smoke_pingpong_local,
         c.coresidency().smoke_pingpong
