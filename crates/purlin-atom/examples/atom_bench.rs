@@ -1,0 +1,370 @@
+//! The Atom's device microbenchmark (issue 5): per generation and block count, local
+//! copy, peer push and pull (one way, and both GPUs at once), 2-source reduce with one
+//! remote source, N-source reduce with remote sources; the copy engine's figures from the
+//! same run beside them; a summary against the issue's targets last.
+//!
+//! Timing: CUDA events after warm-up, median of many; every message is 64 MiB and three
+//! buffer sets rotate (L2 is 60 MiB on H200), so nothing is served from cache. One-way
+//! rows time each launch; "both" rows time batches of back-to-back launches on both GPUs
+//! (per direction = bytes / batch time / launches, the slower GPU counted).
+//!
+//! Usage: `atom_bench [--quick] [--sweep]` (`--sweep`: also Hopper pipeline sizings).
+
+use std::error::Error;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream, sys};
+use purlin_atom::device::{DeviceBuffer, arch_of, driver_present, enable_peer_access};
+use purlin_atom::sources::standalone_unit;
+use purlin_atom::{AtomParams, AtomSpec, DType, DeviceAtom, Generation, KernelCache, ReduceOp};
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+const MSG: usize = 64 << 20;
+const SETS: usize = 3;
+
+/// DEVICE.md's calibration (2×H200, 2026-11-30), for reference beside this run's figures.
+const CAL_LOCAL_COPY: f64 = 3950.0;
+const CAL_PUSH_BOTH: [(u32, f64); 3] = [(8, 351.0), (32, 349.0), (132, 364.0)];
+const CAL_PULL_BOTH: [(u32, f64); 3] = [(16, 324.0), (32, 335.0), (132, 337.0)];
+const CAL_PUSH_ONE: [(u32, f64); 3] = [(8, 353.0), (16, 347.0), (132, 369.0)];
+const CAL_PULL_ONE: [(u32, f64); 3] = [(8, 206.0), (16, 360.0), (32, 372.0)];
+
+fn cal_at(table: &[(u32, f64)], blocks: u32) -> Option<f64> {
+    table.iter().find(|(b, _)| *b == blocks).map(|&(_, v)| v)
+}
+
+struct Rig {
+    ctxs: Vec<Arc<CudaContext>>,
+    streams: Vec<Arc<CudaStream>>,
+    cache: KernelCache,
+    iters: usize,
+    batch: usize,
+    rows: Vec<Row>,
+}
+
+#[derive(Clone)]
+struct Row {
+    test: &'static str,
+    label: String,
+    blocks: u32,
+    gbps: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
+}
+
+fn event(stream: &CudaStream) -> Res<cudarc::driver::CudaEvent> {
+    Ok(stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?)
+}
+
+impl Rig {
+    /// Median seconds of `op(i)` on GPU `dev`'s stream, each launch timed by events.
+    fn time_one(&self, dev: usize, op: &mut dyn FnMut(usize) -> Res<()>) -> Res<f64> {
+        let s = &self.streams[dev];
+        for i in 0..3 {
+            op(i)?;
+        }
+        s.synchronize()?;
+        let mut pairs = Vec::with_capacity(self.iters);
+        for i in 0..self.iters {
+            let a = event(s)?;
+            op(i)?;
+            let b = event(s)?;
+            pairs.push((a, b));
+        }
+        s.synchronize()?;
+        let times =
+            pairs.iter().map(|(a, b)| a.elapsed_ms(b).map(|ms| ms as f64 / 1e3)).collect::<Result<Vec<_>, _>>()?;
+        Ok(median(times))
+    }
+
+    /// Median seconds per launch with both GPUs running `op(dev, i)` at once, in batches;
+    /// the slower GPU's figure.
+    fn time_both(&self, op: &mut dyn FnMut(usize, usize) -> Res<()>) -> Res<f64> {
+        for i in 0..3 {
+            op(0, i)?;
+            op(1, i)?;
+        }
+        for s in &self.streams {
+            s.synchronize()?;
+        }
+        let mut per_launch = Vec::new();
+        for _ in 0..5 {
+            let starts = [event(&self.streams[0])?, event(&self.streams[1])?];
+            for i in 0..self.batch {
+                op(0, i)?;
+                op(1, i)?;
+            }
+            let ends = [event(&self.streams[0])?, event(&self.streams[1])?];
+            let t0 = starts[0].elapsed_ms(&ends[0])? as f64 / 1e3;
+            let t1 = starts[1].elapsed_ms(&ends[1])? as f64 / 1e3;
+            per_launch.push(t0.max(t1) / self.batch as f64);
+        }
+        Ok(median(per_launch))
+    }
+
+    fn record(&mut self, test: &'static str, label: &str, blocks: u32, bytes: f64, secs: f64) {
+        let gbps = bytes / secs / 1e9;
+        let reference = match test {
+            "local-copy" => Some(CAL_LOCAL_COPY),
+            "push-one" => cal_at(&CAL_PUSH_ONE, blocks),
+            "pull-one" => cal_at(&CAL_PULL_ONE, blocks),
+            "push-both" => cal_at(&CAL_PUSH_BOTH, blocks),
+            "pull-both" => cal_at(&CAL_PULL_BOTH, blocks),
+            _ => None,
+        };
+        let r = reference.map(|c| format!("  ({:.0}% of DEVICE.md {c:.0})", 100.0 * gbps / c)).unwrap_or_default();
+        println!("ATOM-BENCH {test:<12} {label:<26} blocks {blocks:>4}  {gbps:>8.1} GB/s  {:>9.1} us{r}", secs * 1e6);
+        self.rows.push(Row { test, label: label.to_string(), blocks, gbps });
+    }
+}
+
+/// Three rotating sets of `per_set` buffers of MSG bytes on one device, filled from `fill`.
+fn buffers(ctx: &Arc<CudaContext>, per_set: usize, fill: &[u8]) -> Res<Vec<Vec<DeviceBuffer>>> {
+    let mut sets = Vec::new();
+    for _ in 0..SETS {
+        let mut set = Vec::new();
+        for _ in 0..per_set {
+            let b = DeviceBuffer::new(ctx, MSG)?;
+            b.upload(0, fill)?;
+            set.push(b);
+        }
+        sets.push(set);
+    }
+    Ok(sets)
+}
+
+fn random_bf16(bytes: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    let mut out = Vec::with_capacity(bytes);
+    while out.len() < bytes {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        for k in 0..4 {
+            let f = ((z >> (16 * k)) & 0xffff) as f32 / 65536.0 * 8.0 - 4.0;
+            out.extend_from_slice(&purlin_atom::host::f32_to_bf16(f).to_le_bytes());
+        }
+    }
+    out.truncate(bytes);
+    out
+}
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let sweep = args.iter().any(|a| a == "--sweep");
+    if !driver_present() {
+        return Err("no CUDA driver on this machine".into());
+    }
+    let count = CudaContext::device_count()? as usize;
+    if count < 2 {
+        return Err(format!("atom_bench needs 2 GPUs, found {count}").into());
+    }
+    let ctxs = vec![CudaContext::new(0)?, CudaContext::new(1)?];
+    enable_peer_access(&ctxs[0], &ctxs[1])?;
+    enable_peer_access(&ctxs[1], &ctxs[0])?;
+    let streams = vec![ctxs[0].new_stream()?, ctxs[1].new_stream()?];
+    let arch = arch_of(&ctxs[0])?;
+    let cache = KernelCache::default_location();
+
+    let mut specs: Vec<AtomSpec> = Generation::selectable_on(arch).into_iter().map(AtomSpec::new).collect();
+    if sweep {
+        for (threads, depth, vecs) in [(512, 8, 2), (256, 8, 4), (1024, 4, 1), (512, 3, 4), (256, 5, 2), (512, 9, 1)] {
+            specs.push(AtomSpec::with_params(Generation::Hopper, AtomParams { threads, depth, vecs })?);
+        }
+        specs.push(AtomSpec::with_params(Generation::Generic, AtomParams { threads: 512, depth: 16, vecs: 1 })?);
+    }
+    let started = std::time::Instant::now();
+    let jobs: Vec<_> = specs
+        .iter()
+        .flat_map(|s| [standalone_unit(s, None), standalone_unit(s, Some(DType::BF16))])
+        .map(|u| (u, arch))
+        .collect();
+    cache.get_or_compile_all(&jobs, 16)?;
+    println!(
+        "atom_bench: {} and {} ({arch}), {} Atom builds compiled/cached in {:.1?}; {} MiB messages, {SETS} rotating sets",
+        ctxs[0].name()?,
+        ctxs[1].name()?,
+        specs.len(),
+        started.elapsed(),
+        MSG >> 20
+    );
+    let mut rig = Rig { ctxs, streams, cache, iters: if quick { 7 } else { 25 }, batch: 10, rows: Vec::new() };
+
+    // Buffers: on each GPU, sources (random bf16 data) and destinations.
+    let data = random_bf16(MSG, 7);
+    let srcs: Vec<Vec<Vec<DeviceBuffer>>> = (0..2).map(|d| buffers(&rig.ctxs[d], 8, &data)).collect::<Res<_>>()?;
+    let dsts: Vec<Vec<Vec<DeviceBuffer>>> = (0..2).map(|d| buffers(&rig.ctxs[d], 1, &data)).collect::<Res<_>>()?;
+
+    // The copy engine, same run.
+    {
+        let ce = |rig: &Rig, dev: usize, dst: u64, src: u64| -> Res<()> {
+            rig.ctxs[dev].bind_to_thread()?;
+            // SAFETY: both are live MSG-byte allocations reachable from `dev` (peer access
+            // enabled both ways); the stream belongs to `dev`'s context.
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, MSG, rig.streams[dev].cu_stream()) }.result()?;
+            Ok(())
+        };
+        let t = rig.time_one(0, &mut |i| ce(&rig, 0, dsts[0][i % SETS][0].ptr(), srcs[0][i % SETS][0].ptr()))?;
+        rig.record("ce-local", "copy engine", 0, 2.0 * MSG as f64, t);
+        let t = rig.time_one(0, &mut |i| ce(&rig, 0, dsts[1][i % SETS][0].ptr(), srcs[0][i % SETS][0].ptr()))?;
+        rig.record("ce-one", "copy engine", 0, MSG as f64, t);
+        let t = rig.time_both(&mut |d, i| ce(&rig, d, dsts[1 - d][i % SETS][0].ptr(), srcs[d][i % SETS][0].ptr()))?;
+        rig.record("ce-both", "copy engine", 0, MSG as f64, t);
+    }
+
+    let block_counts: &[u32] = if quick { &[8, 16, 32] } else { &[4, 8, 16, 32, 66, 132] };
+    for (k, spec) in specs.iter().enumerate() {
+        let label = spec.label();
+        let base = k < Generation::selectable_on(arch).len();
+        let atoms = [
+            DeviceAtom::with_spec(&rig.ctxs[0], *spec, &rig.cache)?,
+            DeviceAtom::with_spec(&rig.ctxs[1], *spec, &rig.cache)?,
+        ];
+        let copy = |rig: &Rig, dev: usize, dst: u64, src: u64, blocks: u32| -> Res<()> {
+            // SAFETY: MSG-byte live allocations reachable from `dev`; the stream is `dev`'s.
+            unsafe { atoms[dev].copy_raw(&rig.streams[dev], dst, src, MSG, blocks) }?;
+            Ok(())
+        };
+        let reduce = |rig: &Rig, dev: usize, dst: u64, s: &[u64], blocks: u32| -> Res<()> {
+            // SAFETY: as for copy: every pointer is a live MSG-byte allocation reachable
+            // from `dev`; MSG / 2 bf16 elements.
+            unsafe { atoms[dev].reduce_raw(&rig.streams[dev], DType::BF16, ReduceOp::Sum, dst, s, MSG / 2, blocks) }?;
+            Ok(())
+        };
+        let counts: Vec<u32> = if base { block_counts.to_vec() } else { vec![8, 16, 32] };
+        for &b in &counts {
+            if base {
+                let t =
+                    rig.time_one(0, &mut |i| copy(&rig, 0, dsts[0][i % SETS][0].ptr(), srcs[0][i % SETS][0].ptr(), b))?;
+                rig.record("local-copy", &label, b, 2.0 * MSG as f64, t);
+                let t =
+                    rig.time_one(0, &mut |i| copy(&rig, 0, dsts[1][i % SETS][0].ptr(), srcs[0][i % SETS][0].ptr(), b))?;
+                rig.record("push-one", &label, b, MSG as f64, t);
+                let t =
+                    rig.time_one(0, &mut |i| copy(&rig, 0, dsts[0][i % SETS][0].ptr(), srcs[1][i % SETS][0].ptr(), b))?;
+                rig.record("pull-one", &label, b, MSG as f64, t);
+            }
+            let t = rig
+                .time_both(&mut |d, i| copy(&rig, d, dsts[1 - d][i % SETS][0].ptr(), srcs[d][i % SETS][0].ptr(), b))?;
+            rig.record("push-both", &label, b, MSG as f64, t);
+            let t = rig
+                .time_both(&mut |d, i| copy(&rig, d, dsts[d][i % SETS][0].ptr(), srcs[1 - d][i % SETS][0].ptr(), b))?;
+            rig.record("pull-both", &label, b, MSG as f64, t);
+            // 2-source reduce, one remote source: link bytes = MSG per launch.
+            if base {
+                let t = rig.time_one(0, &mut |i| {
+                    let s = [srcs[0][i % SETS][0].ptr(), srcs[1][i % SETS][0].ptr()];
+                    reduce(&rig, 0, dsts[0][i % SETS][0].ptr(), &s, b)
+                })?;
+                rig.record("reduce2-one", &label, b, MSG as f64, t);
+            }
+            let t = rig.time_both(&mut |d, i| {
+                let s = [srcs[d][i % SETS][0].ptr(), srcs[1 - d][i % SETS][0].ptr()];
+                reduce(&rig, d, dsts[d][i % SETS][0].ptr(), &s, b)
+            })?;
+            rig.record("reduce2-both", &label, b, MSG as f64, t);
+            // N-source reduce: one local source, N-1 remote ones (the peer's distinct buffers).
+            if base && !quick {
+                for n in [4usize, 8] {
+                    let t = rig.time_one(0, &mut |i| {
+                        let mut s = vec![srcs[0][i % SETS][0].ptr()];
+                        s.extend((1..n).map(|r| srcs[1][i % SETS][r].ptr()));
+                        reduce(&rig, 0, dsts[0][i % SETS][0].ptr(), &s, b)
+                    })?;
+                    let name = if n == 4 { "reduce4-one" } else { "reduce8-one" };
+                    rig.record(name, &label, b, ((n - 1) * MSG) as f64, t);
+                }
+            }
+        }
+    }
+
+    // Spot checks that what was timed is right: a pushed copy and a reduce.
+    let wrong = {
+        let mut wrong = 0usize;
+        // Fresh, known results: copy src -> peer, reduce local + peer.
+        let atom = DeviceAtom::new(&rig.ctxs[0], None, &rig.cache)?;
+        // SAFETY: live MSG-byte allocations; peer access enabled.
+        unsafe { atom.copy_raw(&rig.streams[0], dsts[1][1][0].ptr(), srcs[0][1][0].ptr(), MSG, 16) }?;
+        rig.streams[0].synchronize()?;
+        if dsts[1][1][0].download(0, MSG)? != data {
+            wrong += 1;
+        }
+        let s = [srcs[0][2][0].ptr(), srcs[1][2][1].ptr()];
+        // SAFETY: as above, MSG / 2 bf16 elements.
+        unsafe { atom.reduce_raw(&rig.streams[0], DType::BF16, ReduceOp::Sum, dsts[0][2][0].ptr(), &s, MSG / 2, 16) }?;
+        rig.streams[0].synchronize()?;
+        let mut want = vec![0u8; MSG];
+        purlin_atom::host::reduce_bytes(DType::BF16, ReduceOp::Sum, &mut want, &[&data, &data])?;
+        if dsts[0][2][0].download(0, MSG)? != want {
+            wrong += 1;
+        }
+        wrong
+    };
+
+    // Summary against the issue's targets.
+    let rows = rig.rows.clone();
+    let best = |test: &str, max_blocks: u32| -> Option<Row> {
+        rows.iter()
+            .filter(|r| r.test == test && r.blocks <= max_blocks && r.blocks > 0)
+            .max_by(|a, b| a.gbps.partial_cmp(&b.gbps).unwrap_or(std::cmp::Ordering::Equal))
+            .cloned()
+    };
+    let at = |test: &str, label: &str, blocks: u32| {
+        rows.iter().find(|r| r.test == test && r.label == label && r.blocks == blocks).map(|r| r.gbps)
+    };
+    println!("==== atom_bench summary ({} rows, #wrong {wrong})", rows.len());
+    let ce_local = rows.iter().find(|r| r.test == "ce-local").map(|r| r.gbps).unwrap_or(0.0);
+    if let Some(r) = best("local-copy", 1024) {
+        println!(
+            "ATOM-SUMMARY local copy best {:.0} GB/s ({} x{}) = {:.0}% of DEVICE.md {CAL_LOCAL_COPY:.0}, {:.0}% of this run's copy engine {ce_local:.0} [target >= 92%]",
+            r.gbps,
+            r.label,
+            r.blocks,
+            100.0 * r.gbps / CAL_LOCAL_COPY,
+            100.0 * r.gbps / ce_local.max(1.0)
+        );
+    }
+    for (test, table) in [("push-both", &CAL_PUSH_BOTH[..]), ("pull-both", &CAL_PULL_BOTH[..])] {
+        if let Some(r) = best(test, 16) {
+            println!(
+                "ATOM-SUMMARY {test} best with <= 16 blocks: {:.0} GB/s per direction ({} x{}) [target >= 340: {}]",
+                r.gbps,
+                r.label,
+                r.blocks,
+                if r.gbps >= 340.0 { "MET" } else { "MISSED" }
+            );
+        }
+        for &(b, cal) in table {
+            let per_gen: Vec<String> = Generation::selectable_on(arch)
+                .iter()
+                .filter_map(|g| at(test, &AtomSpec::new(*g).label(), b).map(|v| format!("{g} {:.0}%", 100.0 * v / cal)))
+                .collect();
+            if !per_gen.is_empty() {
+                println!("ATOM-SUMMARY {test} x{b} vs DEVICE.md {cal:.0}: {} [target >= 97%]", per_gen.join(", "));
+            }
+        }
+    }
+    for b in [8u32, 16, 32] {
+        let label = AtomSpec::new(Generation::for_arch(arch)?).label();
+        let (Some(red), Some(push), Some(pull)) =
+            (at("reduce2-both", &label, b), at("push-both", &label, b), at("pull-both", &label, b))
+        else {
+            continue;
+        };
+        println!(
+            "ATOM-SUMMARY reduce2-both {label} x{b}: {red:.0} GB/s = {:.0}% of same-run push {push:.0}, {:.0}% of pull {pull:.0} [target >= 95% of one]",
+            100.0 * red / push,
+            100.0 * red / pull
+        );
+    }
+    if wrong > 0 {
+        return Err(format!("{wrong} spot checks wrong").into());
+    }
+    Ok(())
+}
