@@ -147,6 +147,16 @@ fn bad_ranks_are_refused() {
 #[test]
 fn child_entry() {
     let Some(role) = role() else { return };
+    if role == "torchrun" {
+        // Only the variables torchrun sets: every process derives the same name alone.
+        let env = purlin_collectives::id::TorchEnv::from_process().unwrap();
+        for seq in 0..3 {
+            let h = HostComm::connect(&env.id(seq), env.rank, env.world_size, T).unwrap();
+            check_rounds(&h, 20);
+        }
+        println!("@@TORCHRUN rank {} ok", env.rank);
+        return;
+    }
     let id = Id::from_hex(&std::env::var("PURLIN_TEST_ID").unwrap()).unwrap();
     let rank: usize = std::env::var("PURLIN_TEST_RANK").unwrap().parse().unwrap();
     let world: usize = std::env::var("PURLIN_TEST_WORLD").unwrap().parse().unwrap();
@@ -199,6 +209,40 @@ fn socket_ranks_as_separate_processes() {
     for k in kids {
         assert!(k.finish(T), "a child rank failed");
     }
+}
+
+#[test]
+fn torchrun_processes_meet_on_the_name_derived_from_their_environment() {
+    if role().is_some() {
+        return;
+    }
+    // Like torchrun's store, something already listens on MASTER_PORT; Purlin must not care.
+    let store = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = store.local_addr().unwrap().port().to_string();
+    let run_id = format!("ci-{}", std::process::id());
+    let kids: Vec<Kid> = (0..3)
+        .map(|r| {
+            Kid::spawn(
+                "child_entry",
+                false,
+                &[
+                    (ROLE, "torchrun".to_string()),
+                    ("RANK", r.to_string()),
+                    ("LOCAL_RANK", r.to_string()),
+                    ("WORLD_SIZE", "3".to_string()),
+                    ("LOCAL_WORLD_SIZE", "3".to_string()),
+                    ("MASTER_ADDR", "127.0.0.1".to_string()),
+                    ("MASTER_PORT", port.clone()),
+                    ("TORCHELASTIC_RUN_ID", run_id.clone()),
+                ],
+            )
+        })
+        .collect();
+    for k in kids {
+        k.expect_line("@@TORCHRUN", T);
+        assert!(k.finish(T));
+    }
+    drop(store);
 }
 
 #[test]
