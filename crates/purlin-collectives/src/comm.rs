@@ -358,6 +358,9 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
     // waited for under the set-up timeout, not taken for dead later.
     let kernels = (|| {
         let cache = config.kernel_cache.clone().map_or_else(KernelCache::default_location, KernelCache::new);
+        // One compile at a time in this process: the ranks of `from_devices` would otherwise
+        // compile the same key at once, and KernelCache's temporary file is named by pid only.
+        let _one_at_a_time = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let arch = Arch { major: device.compute_capability.major, minor: device.compute_capability.minor };
         let compiled = cache.get_or_compile(&crate::kernels::smoke_unit(), arch)?;
         let module = ctx.load_module(Ptx::from_binary(compiled.cubin)).map_err(driver("cuModuleLoadData"))?;
@@ -399,6 +402,9 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
     comm.host.barrier("set-up: final barrier")?;
     Ok(comm)
 }
+
+/// Serialises kernel-cache lookups and compiles within this process.
+static COMPILE_LOCK: Mutex<()> = Mutex::new(());
 
 /// How many communicators this process has made from the torchrun environment: the n-th
 /// one of every rank meets on the n-th name.

@@ -167,11 +167,17 @@ fn child_entry() {
             workspace_bookkeeping(&h);
         }
         "victim" => {
+            let layout = WorkspaceLayout::new(WorkspaceConfig::default(), world).unwrap();
+            let ws = SymmetricWorkspace::establish(&h, &mut FakeIpc::default(), layout).unwrap();
             h.barrier("set-up").unwrap();
             println!("@@READY");
+            std::mem::forget(ws);
             std::thread::sleep(Duration::from_secs(60)); // until killed
         }
         "survivor" => {
+            let layout = WorkspaceLayout::new(WorkspaceConfig::default(), world).unwrap();
+            let mut b = FakeIpc::default();
+            let ws = SymmetricWorkspace::establish(&h, &mut b, layout).unwrap();
             h.barrier("set-up").unwrap();
             println!("@@READY");
             let start = Instant::now();
@@ -179,6 +185,10 @@ fn child_entry() {
             let victim: usize = std::env::var("PURLIN_TEST_VICTIM").unwrap().parse().unwrap();
             assert!(matches!(e, Error::PeerLost { peer, .. } if peer == victim), "{e}");
             assert!(start.elapsed() < Duration::from_secs(10));
+            // Teardown does not wait for the dead, unmaps everything and frees.
+            let report = ws.release(&h, &mut b);
+            assert!(!report.met_peers && report.leaked_bytes == 0 && report.closed == world - 1, "{report:?}");
+            assert_eq!(b.events.last().unwrap(), "free");
             println!("@@SURVIVED {e}");
         }
         other => panic!("unknown role {other}"),
@@ -257,6 +267,9 @@ fn killed_process_is_named_by_every_survivor_promptly() {
     let survivor = kid("survivor", &id, 1, 3, &victim_env);
     let victim = kid("victim", &id, 2, 3, &[]);
     let h = HostComm::connect(&id, 0, 3, T).unwrap();
+    let layout = WorkspaceLayout::new(WorkspaceConfig::default(), 3).unwrap();
+    let mut b = FakeIpc::default();
+    let ws = SymmetricWorkspace::establish(&h, &mut b, layout).unwrap();
     h.barrier("set-up").unwrap();
     victim.expect_line("@@READY", T);
     survivor.expect_line("@@READY", T);
@@ -265,6 +278,9 @@ fn killed_process_is_named_by_every_survivor_promptly() {
     let e = h.barrier("after the kill").unwrap_err();
     assert!(matches!(e, Error::PeerLost { rank: 0, peer: 2, .. }), "{e}");
     assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    let report = ws.release(&h, &mut b);
+    assert!(!report.met_peers && report.leaked_bytes == 0 && report.closed == 2, "{report:?}");
+    assert!(report.error.unwrap().contains("lost rank 2"));
     survivor.expect_line("@@SURVIVED", Duration::from_secs(2));
     assert!(survivor.finish(T));
 }
@@ -277,6 +293,9 @@ fn killed_root_is_named_by_the_others() {
     let id = Id::new().unwrap();
     let victim = kid("victim", &id, 0, 2, &[]);
     let h = HostComm::connect(&id, 1, 2, T).unwrap();
+    let layout = WorkspaceLayout::new(WorkspaceConfig::default(), 2).unwrap();
+    let mut b = FakeIpc::default();
+    let ws = SymmetricWorkspace::establish(&h, &mut b, layout).unwrap();
     h.barrier("set-up").unwrap();
     victim.expect_line("@@READY", T);
     victim.kill();
@@ -284,6 +303,8 @@ fn killed_root_is_named_by_the_others() {
     let e = h.barrier("after the kill").unwrap_err();
     assert!(matches!(e, Error::PeerLost { rank: 1, peer: 0, .. }), "{e}");
     assert!(start.elapsed() < Duration::from_secs(2));
+    let report = ws.release(&h, &mut b);
+    assert!(!report.met_peers && report.leaked_bytes == 0 && report.closed == 1, "{report:?}");
 }
 
 // ---------------------------------------------------------------- workspace bookkeeping
