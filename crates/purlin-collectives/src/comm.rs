@@ -578,10 +578,17 @@ impl Comm {
     }
 
     /// A failure that poisoned this communicator (like `ncclCommGetAsyncError`): a device
-    /// wait that expired here, or a poison word set in this rank's workspace.
+    /// wait that expired here, a poison word set in this rank's workspace, or a peer whose
+    /// process is gone (its connection closed). Does not wait.
     pub fn async_error(&self) -> Result<(), Error> {
         if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(Error::Poisoned(why));
+        }
+        if let Err(e) = self.host.check_peers() {
+            if let Some(peer) = e.peer() {
+                self.poison_with(peer, e.to_string());
+            }
+            return Err(e);
         }
         let mut words = [0u64; 2];
         self.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;

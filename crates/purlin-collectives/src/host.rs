@@ -14,6 +14,7 @@
 //! answers everyone with all frames". A failure seen by rank 0 is forwarded to the others
 //! as an abort frame naming the failed rank, so every survivor names the same peer.
 
+use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -139,7 +140,14 @@ impl HostComm {
         id.check()?;
         check_rank(rank, world)?;
         let member = if world == 1 {
-            SocketMember { root: None, peer_conn: None, events: channel().1, op: 0, failed: None }
+            SocketMember {
+                root: None,
+                peer_conn: None,
+                events: channel().1,
+                pending: VecDeque::new(),
+                op: 0,
+                failed: None,
+            }
         } else if rank == 0 {
             SocketMember::root(id, world, timeout)?
         } else {
@@ -202,6 +210,26 @@ impl HostComm {
             min = min.min(u64::from_le_bytes(bytes));
         }
         Ok(min)
+    }
+
+    /// Without waiting: fails if an earlier call failed or a peer's connection has closed
+    /// since (its process died), naming that peer; for threads, if a member was dropped.
+    pub fn check_peers(&self) -> Result<(), Error> {
+        match &self.inner {
+            Inner::Threads(m) => {
+                let st = lock(&m.shared.state);
+                if let Some(f) = &st.failed {
+                    return Err(f.to_error(self.rank));
+                }
+                match st.left.iter().position(|&l| l) {
+                    Some(peer) if peer != self.rank => {
+                        Err(Error::PeerLost { rank: self.rank, peer, during: "checking the peers".into() })
+                    }
+                    _ => Ok(()),
+                }
+            }
+            Inner::Socket(m) => lock(m).check_peers(self.rank),
+        }
     }
 
     /// Whether an earlier failure broke this communicator.
@@ -446,6 +474,8 @@ struct SocketMember {
     /// Other ranks: the connection to rank 0.
     peer_conn: Option<Conn>,
     events: Receiver<Event>,
+    /// Frames that arrived while [`HostComm::check_peers`] looked for closed connections.
+    pending: VecDeque<Event>,
     op: u64,
     failed: Option<Failure>,
 }
@@ -545,7 +575,14 @@ impl SocketMember {
             })?;
             conns.push(Conn::start(k + 1, s, tx.clone())?);
         }
-        Ok(SocketMember { root: Some(conns), peer_conn: None, events: rx, op: 0, failed: None })
+        Ok(SocketMember {
+            root: Some(conns),
+            peer_conn: None,
+            events: rx,
+            pending: VecDeque::new(),
+            op: 0,
+            failed: None,
+        })
     }
 
     fn leaf(id: &Id, rank: usize, world: usize, timeout: Duration) -> Result<SocketMember, Error> {
@@ -599,7 +636,43 @@ impl SocketMember {
         }
         let (tx, rx) = channel();
         let conn = Conn::start(0, stream, tx)?;
-        Ok(SocketMember { root: None, peer_conn: Some(conn), events: rx, op: 0, failed: None })
+        Ok(SocketMember {
+            root: None,
+            peer_conn: Some(conn),
+            events: rx,
+            pending: VecDeque::new(),
+            op: 0,
+            failed: None,
+        })
+    }
+
+    fn next_event(&mut self, timeout: Duration) -> Result<Event, RecvTimeoutError> {
+        match self.pending.pop_front() {
+            Some(e) => Ok(e),
+            None => self.events.recv_timeout(timeout),
+        }
+    }
+
+    /// Looks, without waiting, for a connection that closed since the last call.
+    fn check_peers(&mut self, rank: usize) -> Result<(), Error> {
+        if let Some(f) = &self.failed {
+            return Err(f.to_error(rank));
+        }
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                (peer, Err(_)) => {
+                    let f = Failure::Lost { peer, during: "checking the peers".into() };
+                    return Err(self.fail(rank, f));
+                }
+                (_, Ok(f)) if f.kind == ABORT => return Err(self.fail(rank, Failure::decode(&f.payload))),
+                frame => self.pending.push_back(frame),
+            }
+        }
+        if let Some((peer, _)) = self.pending.iter().find(|(_, r)| r.is_err()) {
+            let peer = *peer;
+            return Err(self.fail(rank, Failure::Lost { peer, during: "checking the peers".into() }));
+        }
+        Ok(())
     }
 
     fn fail(&mut self, rank: usize, f: Failure) -> Error {
@@ -639,7 +712,7 @@ impl SocketMember {
             while got.iter().any(Option::is_none) {
                 let waited = start.elapsed();
                 let missing = got.iter().position(Option::is_none).unwrap_or(0);
-                let event = match self.events.recv_timeout(timeout.saturating_sub(waited)) {
+                let event = match self.next_event(timeout.saturating_sub(waited)) {
                     Ok(e) => e,
                     Err(RecvTimeoutError::Timeout) => {
                         return Err(self.fail(rank, Failure::Timeout { peer: missing, waited, during: during.into() }));
@@ -683,7 +756,7 @@ impl SocketMember {
             return Err(self.fail(rank, Failure::Lost { peer: 0, during: during.into() }));
         }
         let limit = timeout + ROOT_MARGIN;
-        match self.events.recv_timeout(limit.saturating_sub(start.elapsed())) {
+        match self.next_event(limit.saturating_sub(start.elapsed())) {
             Ok((_, Ok(f))) if f.kind == DATA && f.seq == seq => match decode_all(&f.payload, world) {
                 Some(all) => {
                     self.op = seq;

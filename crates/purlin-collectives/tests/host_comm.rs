@@ -79,6 +79,7 @@ fn threads_report_a_dropped_member_as_lost() {
         std::thread::sleep(Duration::from_millis(50));
         drop(gone);
     });
+    assert!(matches!(members[0].check_peers(), Err(Error::PeerLost { peer: 2, .. })));
     assert!(start.elapsed() < Duration::from_secs(2));
 }
 
@@ -273,8 +274,19 @@ fn killed_process_is_named_by_every_survivor_promptly() {
     h.barrier("set-up").unwrap();
     victim.expect_line("@@READY", T);
     survivor.expect_line("@@READY", T);
+    h.check_peers().unwrap();
     victim.kill();
     let start = Instant::now();
+    // Noticed without any collective call (what Comm::async_error reports)...
+    let e = loop {
+        match h.check_peers() {
+            Ok(()) if start.elapsed() < Duration::from_secs(2) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(()) => panic!("the death of rank 2 went unnoticed for 2 s"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(e, Error::PeerLost { rank: 0, peer: 2, .. }), "{e}");
+    // ...and every later call fails at once, naming it.
     let e = h.barrier("after the kill").unwrap_err();
     assert!(matches!(e, Error::PeerLost { rank: 0, peer: 2, .. }), "{e}");
     assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
