@@ -32,37 +32,54 @@ pub const FLAG_STRIDE: usize = 128;
 /// slot, since flags are never reset).
 pub const FLAG_SLOTS: usize = 16;
 
-/// Sizes of the symmetric workspace. Every rank must use the same values.
+/// Physical bytes of the packet window per payload byte: both packet formats (4 + 4 and
+/// 8 + 8 bytes) carry as many flag bytes as payload bytes.
+pub const WINDOW_PHYSICAL_FACTOR: usize = 2;
+
+/// Sizes of the symmetric workspace, in the terms of SNAC's `Resources` (the plan contract
+/// in purlin-snac): every plan run on this communicator must fit. Every rank must use the
+/// same values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkspaceConfig {
-    /// Staging bytes, split into two sense halves (throughput regime).
+    /// Staging bytes (two sense halves), reachable by every peer (throughput regime).
     pub staging_bytes: usize,
-    /// Bytes of one packet window (latency regime); there are two senses × world of them.
+    /// Packet-window payload bytes (two sense halves; the region is
+    /// [`WINDOW_PHYSICAL_FACTOR`] times larger), written by peers (latency regime).
     pub window_bytes: usize,
-    /// The most blocks a kernel of this communicator may use (per-block epochs, signals).
-    pub max_blocks: usize,
-    /// Staging slots per sense half (signal and drain words per slot).
-    pub slots: usize,
+    /// 64-bit flag words (signals and drains, written by peers into the waiter's words).
+    pub flag_words: usize,
+    /// 64-bit arrival counters (local).
+    pub counter_words: usize,
+    /// 64-bit per-block epochs: also the most blocks any kernel of this communicator may use,
+    /// whatever the co-residency bound.
+    pub epoch_words: usize,
 }
 
 impl Default for WorkspaceConfig {
-    /// 16 MiB staging, 256 KiB windows, 64 blocks, 8 slots: 17 MiB at world 2, 24.5 MiB at
-    /// world 16 — small beside a model.
+    /// SNAC's default plan sizes (16 MiB staging, 1 MiB window payload) with room for every
+    /// plan up to world 16: about 18.1 MiB per rank at any world size.
     fn default() -> Self {
-        Self { staging_bytes: 16 << 20, window_bytes: 256 << 10, max_blocks: 64, slots: 8 }
+        Self {
+            staging_bytes: 16 << 20,
+            window_bytes: 1 << 20,
+            flag_words: 4096,
+            counter_words: 4096,
+            epoch_words: 1024,
+        }
     }
 }
 
 impl WorkspaceConfig {
     /// The defaults, overridden by `PURLIN_STAGING_BYTES`, `PURLIN_WINDOW_BYTES`,
-    /// `PURLIN_MAX_BLOCKS` and `PURLIN_SLOTS` where set.
+    /// `PURLIN_FLAG_WORDS`, `PURLIN_COUNTER_WORDS` and `PURLIN_EPOCH_WORDS` where set.
     pub fn from_env() -> Result<Self, Error> {
         let mut c = Self::default();
         for (var, field) in [
             ("PURLIN_STAGING_BYTES", &mut c.staging_bytes),
             ("PURLIN_WINDOW_BYTES", &mut c.window_bytes),
-            ("PURLIN_MAX_BLOCKS", &mut c.max_blocks),
-            ("PURLIN_SLOTS", &mut c.slots),
+            ("PURLIN_FLAG_WORDS", &mut c.flag_words),
+            ("PURLIN_COUNTER_WORDS", &mut c.counter_words),
+            ("PURLIN_EPOCH_WORDS", &mut c.epoch_words),
         ] {
             if let Ok(text) = std::env::var(var) {
                 *field = text.trim().parse().map_err(|e| Error::Env { var, problem: format!("{text:?}: {e}") })?;
@@ -73,20 +90,21 @@ impl WorkspaceConfig {
 
     fn check(&self) -> Result<(), Error> {
         let bad = |what: String| Err(Error::InvalidArgument(format!("workspace config: {what}")));
-        if self.staging_bytes == 0 || self.staging_bytes % (2 * 256) != 0 {
-            return bad(format!(
-                "staging_bytes {} must be a positive multiple of 512 (two halves)",
-                self.staging_bytes
-            ));
+        if self.staging_bytes == 0 || self.staging_bytes % 512 != 0 {
+            return bad(format!("staging_bytes {} must be a positive multiple of 512", self.staging_bytes));
         }
-        if self.window_bytes == 0 || self.window_bytes % 256 != 0 {
-            return bad(format!("window_bytes {} must be a positive multiple of 256", self.window_bytes));
+        if self.window_bytes == 0 || self.window_bytes % 512 != 0 {
+            return bad(format!("window_bytes {} must be a positive multiple of 512", self.window_bytes));
         }
-        if !(1..=4096).contains(&self.max_blocks) {
-            return bad(format!("max_blocks {} must be in 1..=4096", self.max_blocks));
+        if self.staging_bytes > 1 << 40 || self.window_bytes > 1 << 36 {
+            return bad("staging or window far too large".into());
         }
-        if !(1..=1024).contains(&self.slots) {
-            return bad(format!("slots {} must be in 1..=1024", self.slots));
+        for (name, words) in
+            [("flag_words", self.flag_words), ("counter_words", self.counter_words), ("epoch_words", self.epoch_words)]
+        {
+            if !(1..=1 << 20).contains(&words) {
+                return bad(format!("{name} {words} must be in 1..=1048576"));
+            }
         }
         Ok(())
     }
@@ -113,17 +131,18 @@ pub struct WorkspaceLayout {
     /// Poison word (u64 at 0: nonzero once a wait expired) and the failure record
     /// (u64 at 8: peer + 1; u64 at 16: epoch; u64 at 24: block).
     pub control: Region,
-    /// Flag words: `FLAG_SLOTS` per peer, each on its own 128-byte line, written by that peer.
-    pub flags: Region,
-    /// Per-block epochs (u64 × max_blocks).
+    /// Set-up flag words (ping-pong checks): [`FLAG_SLOTS`] per peer, each on its own
+    /// 128-byte line, written by that peer.
+    pub setup_flags: Region,
+    /// Per-block epochs (u64 × epoch_words).
     pub epochs: Region,
-    /// Signal words (u64 × world × slots × max_blocks).
-    pub signals: Region,
-    /// Drain words (u64 × world × slots × max_blocks).
-    pub drains: Region,
-    /// Packet windows: two senses × world windows of `window_bytes`.
-    pub windows: Region,
-    /// Staging: two sense halves of `staging_bytes / 2`.
+    /// Protocol flag words: signals and drains (u64 × flag_words).
+    pub flags: Region,
+    /// Arrival counters (u64 × counter_words).
+    pub counters: Region,
+    /// The packet window (`WINDOW_PHYSICAL_FACTOR` × window_bytes).
+    pub window: Region,
+    /// Staging (staging_bytes, two sense halves).
     pub staging: Region,
     /// Total bytes (a multiple of [`REGION_ALIGN`]).
     pub total_bytes: usize,
@@ -149,46 +168,62 @@ impl WorkspaceLayout {
             at += align(bytes);
             r
         };
-        let words = world * config.slots * config.max_blocks * 8;
         let control = region("control", 256);
-        let flags = region("flags", world * FLAG_SLOTS * FLAG_STRIDE);
-        let epochs = region("epochs", config.max_blocks * 8);
-        let signals = region("signals", words);
-        let drains = region("drains", words);
-        let windows = region("windows", 2 * world * config.window_bytes);
+        let setup_flags = region("setup", world * FLAG_SLOTS * FLAG_STRIDE);
+        let epochs = region("epochs", config.epoch_words * 8);
+        let flags = region("flags", config.flag_words * 8);
+        let counters = region("counters", config.counter_words * 8);
+        let window = region("window", WINDOW_PHYSICAL_FACTOR * config.window_bytes);
         let staging = region("staging", config.staging_bytes);
-        Ok(Self { config, world, control, flags, epochs, signals, drains, windows, staging, total_bytes: at })
+        Ok(Self { config, world, control, setup_flags, epochs, flags, counters, window, staging, total_bytes: at })
     }
 
     /// All regions in address order.
     pub fn regions(&self) -> [Region; 7] {
-        [self.control, self.flags, self.epochs, self.signals, self.drains, self.windows, self.staging]
+        [self.control, self.setup_flags, self.epochs, self.flags, self.counters, self.window, self.staging]
     }
 
-    /// Offset of the flag word that `writer` sets in this rank's workspace, in slot `slot`.
+    /// Offset of the set-up flag word that `writer` sets in this rank's workspace, in slot `slot`.
     pub fn flag_offset(&self, writer: usize, slot: usize) -> usize {
-        self.flags.offset + (writer * FLAG_SLOTS + slot) * FLAG_STRIDE
+        self.setup_flags.offset + (writer * FLAG_SLOTS + slot) * FLAG_STRIDE
+    }
+
+    /// Checks that a SNAC plan's resources fit this workspace (the executor asks before it
+    /// runs a plan); the error says which one does not.
+    pub fn check_resources(&self, r: &purlin_snac::Resources) -> Result<(), Error> {
+        let c = &self.config;
+        let checks = [
+            ("staging_bytes", r.staging_bytes, c.staging_bytes as u64),
+            ("window_bytes", r.window_bytes, c.window_bytes as u64),
+            ("flag_words", u64::from(r.flag_words), c.flag_words as u64),
+            ("counter_words", u64::from(r.counter_words), c.counter_words as u64),
+            ("epoch_words", u64::from(r.epoch_words), c.epoch_words as u64),
+        ];
+        for (what, need, have) in checks {
+            if need > have {
+                return Err(Error::InvalidArgument(format!(
+                    "the plan needs {what} = {need}, the workspace has {have} (raise it in WorkspaceConfig)"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// A table of the regions and their sizes.
     pub fn report(&self) -> String {
         let mut s = format!("symmetric workspace per rank (world {}):\n", self.world);
         for r in self.regions() {
-            let _ = writeln!(s, "  {:<8} offset {:>10}  {:>10} bytes", r.name, r.offset, r.bytes);
+            let _ = writeln!(s, "  {:<9} offset {:>10}  {:>10} bytes", r.name, r.offset, r.bytes);
         }
-        let _ = write!(
-            s,
-            "  total    {:>10} bytes ({:.2} MiB)",
-            self.total_bytes,
-            self.total_bytes as f64 / (1 << 20) as f64
-        );
+        let mib = self.total_bytes as f64 / (1 << 20) as f64;
+        let _ = write!(s, "  total     {:>10} bytes ({mib:.2} MiB)", self.total_bytes);
         s
     }
 
     /// The bytes every rank compares at set-up.
     fn digest(&self) -> Vec<u8> {
         let c = &self.config;
-        [self.world, c.staging_bytes, c.window_bytes, c.max_blocks, c.slots, self.total_bytes]
+        [self.world, c.staging_bytes, c.window_bytes, c.flag_words, c.counter_words, c.epoch_words, self.total_bytes]
             .iter()
             .flat_map(|v| (*v as u64).to_le_bytes())
             .collect()
@@ -453,13 +488,13 @@ mod tests {
                 assert_eq!(r.offset % REGION_ALIGN, 0);
             }
             assert_eq!(l.total_bytes % REGION_ALIGN, 0);
-            assert!(l.total_bytes < 32 << 20, "default workspace too big at world {world}: {}", l.total_bytes);
-            assert!(l.flag_offset(world - 1, FLAG_SLOTS - 1) + 8 <= l.flags.offset + l.flags.bytes);
+            assert!(l.total_bytes < 20 << 20, "default workspace too big at world {world}: {}", l.total_bytes);
+            assert!(l.flag_offset(world - 1, FLAG_SLOTS - 1) + 8 <= l.setup_flags.offset + l.setup_flags.bytes);
             assert!(l.report().contains("staging"));
         }
         let l2 = WorkspaceLayout::new(WorkspaceConfig::default(), 2).unwrap();
         assert_eq!(l2.staging.bytes, 16 << 20);
-        assert_eq!(l2.windows.bytes, 2 * 2 * (256 << 10));
+        assert_eq!(l2.window.bytes, 2 << 20);
     }
 
     #[test]
@@ -469,12 +504,47 @@ mod tests {
             WorkspaceConfig { staging_bytes: 0, ..d },
             WorkspaceConfig { staging_bytes: 1000, ..d },
             WorkspaceConfig { window_bytes: 17, ..d },
-            WorkspaceConfig { max_blocks: 0, ..d },
-            WorkspaceConfig { slots: 0, ..d },
+            WorkspaceConfig { flag_words: 0, ..d },
+            WorkspaceConfig { epoch_words: 0, ..d },
+            WorkspaceConfig { counter_words: 1 << 21, ..d },
         ] {
             assert!(matches!(WorkspaceLayout::new(c, 2), Err(Error::InvalidArgument(_))), "{c:?}");
         }
         assert!(WorkspaceLayout::new(d, 0).is_err());
         assert!(WorkspaceLayout::new(d, 17).is_err());
+    }
+
+    #[test]
+    fn snac_default_plans_fit_the_default_workspace() {
+        use purlin_snac::{CollectiveSpec, PlanConfig, Regime, derive};
+        let layout = WorkspaceLayout::new(WorkspaceConfig::default(), 16).unwrap();
+        let mut checked = 0;
+        for world in [2u32, 4, 8, 16] {
+            for regime in [Regime::Throughput, Regime::Latency] {
+                let cfg = PlanConfig { regime, ..PlanConfig::default() };
+                let spec =
+                    CollectiveSpec::all_reduce(world, purlin_snac::DataType::F32, purlin_snac::ReduceOp::Sum, 1 << 16);
+                let Ok(plans) = derive(&spec, &cfg) else { continue };
+                for p in &plans {
+                    layout.check_resources(&p.resources).unwrap();
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 0);
+        let mut too_big = purlin_snac::Resources {
+            input_bytes: 0,
+            output_bytes: 0,
+            alias: None,
+            staging_bytes: 1 << 30,
+            window_bytes: 0,
+            flag_words: 0,
+            counter_words: 0,
+            epoch_words: 0,
+        };
+        assert!(layout.check_resources(&too_big).unwrap_err().to_string().contains("staging_bytes"));
+        too_big.staging_bytes = 0;
+        too_big.epoch_words = 1 << 20;
+        assert!(layout.check_resources(&too_big).unwrap_err().to_string().contains("epoch_words"));
     }
 }
