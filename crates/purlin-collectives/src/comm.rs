@@ -567,6 +567,26 @@ impl Comm {
         &self.addrs
     }
 
+    /// Copies `bytes` bytes at `offset` of this rank's own workspace to the host (debugging
+    /// and tests; synchronous).
+    pub fn read_own_workspace(&self, offset: usize, bytes: usize) -> Result<Vec<u8>, Error> {
+        let end = offset.checked_add(bytes).filter(|&e| e <= self.layout.total_bytes);
+        if end.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "workspace bytes {offset}..+{bytes} outside its {} bytes",
+                self.layout.total_bytes
+            )));
+        }
+        let mut out = vec![0u8; bytes];
+        self.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: the source range lies inside this rank's own live workspace (checked
+        // above) and the destination is a host buffer of exactly `bytes` bytes.
+        unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.addrs[self.rank] + offset as u64, bytes) }
+            .result()
+            .map_err(driver("cuMemcpyDtoH"))?;
+        Ok(out)
+    }
+
     /// The co-residency bounds agreed at set-up.
     pub fn coresidency(&self) -> CoResidency {
         self.coresidency

@@ -165,6 +165,14 @@ fn rank_main(rank: usize, id: Id) {
     describe(&c);
     assert_ne!(c.workspace_addrs()[0], 0);
     assert_ne!(c.workspace_addrs()[1], 0);
+    // Zeroed before the handles were published; nobody has written yet (the barrier below
+    // keeps the peer's ping-pong from starting before this check).
+    let total = c.workspace_layout().total_bytes;
+    let ws = c.read_own_workspace(0, total).expect("read workspace");
+    assert!(ws.iter().all(|&b| b == 0), "rank {rank}: workspace not zero at set-up");
+    assert!(c.read_own_workspace(total - 8, 16).is_err());
+    c.host().barrier("zero check done").expect("barrier");
+    println!("COMM two-process rank {rank}: all {total} workspace bytes zero after set-up");
     let p = c.ping_pong(1 - rank, ROUNDS, DEVICE_TIMEOUT).expect("ping-pong");
     assert_eq!(p.rounds, u64::from(ROUNDS));
     if p.initiator {
