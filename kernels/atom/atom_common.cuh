@@ -295,7 +295,7 @@ __device__ __forceinline__ void reduce_share(void* dst_, const void* const* srcs
   __shared__ u64 table[kMaxSources];
   __syncthreads();  // the workspace and the table are ours from here
   if (n > kMaxSources) n = kMaxSources;  // the host API rejects this; never read past the table
-  if (tid() < n) table[tid()] = (u64)srcs_in[tid()] + src_offset;
+  for (u32 r = tid(); r < n; r += nthreads()) table[r] = (u64)srcs_in[r] + src_offset;
   __syncthreads();
   S* dst = (S*)dst_;
   const u64 mis = (u64)dst & 15u;
