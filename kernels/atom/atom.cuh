@@ -12,6 +12,7 @@
 //     kBytesInFlight   bytes of loads one block of kThreads keeps in flight
 //   element types      F32, F16, BF16, E4M3, E5M2, I32, U32
 //   reduce operators   Sum, Prod, Min, Max
+//   helpers           tid(), nthreads(): the thread's index in its block, the block's size
 //   for one block's share of the work (every thread of the block calls with the same arguments):
 //     copy(dst, src, bytes, smem)
 //     reduce<T, Op>(dst, srcs, n, count, [src_offset,] smem)

@@ -184,7 +184,9 @@ struct E4M3 {
 struct E5M2 {
   typedef u8 storage;
   typedef float acc;
-  __device__ __forceinline__ static float decode(u8 s) { return fp8_to_f32<5, 2, 15, false>(s); }
+  // e5m2 is the top byte of an f16 (same sign, exponent and bias): exact through the
+  // hardware f16 conversion, Inf and NaN included.
+  __device__ __forceinline__ static float decode(u8 s) { return f16_to_f32((u16)((u16)s << 8)); }
   __device__ __forceinline__ static u8 encode(float a) { return f32_to_fp8<5, 2, 15, false>(a); }
   PURLIN_ATOM_WORD_LANES(E5M2, 8)
 };
@@ -241,6 +243,7 @@ struct Max {
 // the completion contract, the scalar heads and tails, and the scalar path for pointers
 // whose alignments differ.
 
+// The calling thread's index in its block and the block's size (executors use these too).
 __device__ __forceinline__ u32 tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 __device__ __forceinline__ u32 nthreads() { return blockDim.x * blockDim.y * blockDim.z; }
 
