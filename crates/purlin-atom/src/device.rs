@@ -86,6 +86,16 @@ pub enum AtomError {
         /// The owning device.
         to: usize,
     },
+    /// A transfer outside a [`DeviceBuffer`].
+    #[error("bytes {offset}..{offset}+{len} are outside a buffer of {size} bytes")]
+    OutOfBounds {
+        /// Start of the range.
+        offset: usize,
+        /// Its length.
+        len: usize,
+        /// The buffer's size.
+        size: usize,
+    },
     /// The element type has no conversion kernels (32-bit types convert trivially).
     #[error("{0} has no conversion kernels")]
     NoConversion(DType),
@@ -165,14 +175,22 @@ impl DeviceBuffer {
         &self.ctx
     }
 
+    fn check_range(&self, offset: usize, len: usize) -> Result<(), AtomError> {
+        if offset.checked_add(len).is_some_and(|end| end <= self.bytes) {
+            Ok(())
+        } else {
+            Err(AtomError::OutOfBounds { offset, len, size: self.bytes })
+        }
+    }
+
     /// Copies `data` to byte offset `offset` (synchronous: done when this returns).
     pub fn upload(&self, offset: usize, data: &[u8]) -> Result<(), AtomError> {
-        assert!(offset.checked_add(data.len()).is_some_and(|end| end <= self.bytes), "upload out of bounds");
+        self.check_range(offset, data.len())?;
         if data.is_empty() {
             return Ok(());
         }
         self.ctx.bind_to_thread()?;
-        // SAFETY: the range lies inside the allocation (asserted); `data` is valid for reads.
+        // SAFETY: the range lies inside the allocation (checked); `data` is valid for reads.
         unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr().cast(), data.len()) }.result()?;
         self.ctx.synchronize()?;
         Ok(())
@@ -180,13 +198,13 @@ impl DeviceBuffer {
 
     /// Reads `len` bytes from byte offset `offset`, after all work of the context is done.
     pub fn download(&self, offset: usize, len: usize) -> Result<Vec<u8>, AtomError> {
-        assert!(offset.checked_add(len).is_some_and(|end| end <= self.bytes), "download out of bounds");
+        self.check_range(offset, len)?;
         let mut out = vec![0u8; len];
         if len == 0 {
             return Ok(out);
         }
         self.ctx.synchronize()?;
-        // SAFETY: the range lies inside the allocation (asserted); `out` holds `len` bytes.
+        // SAFETY: the range lies inside the allocation (checked); `out` holds `len` bytes.
         unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset as u64, len) }.result()?;
         Ok(out)
     }
@@ -654,4 +672,18 @@ fn prepare_function(module: &Arc<CudaModule>, name: &str, spec: &AtomSpec) -> Re
         )?;
     }
     Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_can_be_shared_across_threads() {
+        send_sync::<DeviceAtom>();
+        send_sync::<DeviceBuffer>();
+        assert_eq!(std::mem::size_of::<SrcPtrs>(), 8 * MAX_SOURCES);
+    }
 }
