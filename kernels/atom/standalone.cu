@@ -24,6 +24,18 @@ extern "C" __global__ void __launch_bounds__(PURLIN_ATOM_THREADS) purlin_atom_co
   copy((u8*)dst + b, (const u8*)src + b, e - b, purlin_atom_smem);
 }
 
+// The executor's pattern: block b copies chunks b, b + grid, ... of `chunk` bytes, one
+// Atom call per chunk (so each call fills and drains its pipeline). For measuring what a
+// chunk size costs; `purlin_atom_copy` is the same with one chunk per block.
+extern "C" __global__ void __launch_bounds__(PURLIN_ATOM_THREADS)
+    purlin_atom_copy_chunked(u64 dst, u64 src, u64 bytes, u64 chunk) {
+  extern __shared__ V16 purlin_atom_smem[];
+  for (u64 b = blockIdx.x * chunk; b < bytes; b += (u64)gridDim.x * chunk) {
+    const u64 len = bytes - b < chunk ? bytes - b : chunk;
+    copy((u8*)dst + b, (const u8*)src + b, len, purlin_atom_smem);
+  }
+}
+
 struct SrcPtrs {
   u64 p[kMaxSources];
 };

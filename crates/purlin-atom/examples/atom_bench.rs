@@ -218,7 +218,7 @@ fn main() -> Res<()> {
         rig.record("ce-both", "copy engine", 0, MSG as f64, t);
     }
 
-    let block_counts: &[u32] = if quick { &[8, 16, 32] } else { &[4, 8, 16, 32, 66, 132] };
+    let block_counts: &[u32] = if quick { &[8, 16, 32] } else { &[4, 8, 16, 32, 66, 132, 264] };
     for (k, spec) in specs.iter().enumerate() {
         let label = spec.label();
         let base = k < Generation::selectable_on(arch).len();
@@ -281,6 +281,26 @@ fn main() -> Res<()> {
                     rig.record(name, &label, b, ((n - 1) * MSG) as f64, t);
                 }
             }
+        }
+    }
+
+    // What the executor's per-chunk calls cost: push, both GPUs at once, 16 blocks, one Atom
+    // call per chunk (pipeline fill and drain each time), by chunk size.
+    for generation in Generation::selectable_on(arch) {
+        let atoms = [
+            DeviceAtom::new(&rig.ctxs[0], Some(generation), &rig.cache)?,
+            DeviceAtom::new(&rig.ctxs[1], Some(generation), &rig.cache)?,
+        ];
+        let label = atoms[0].spec().label();
+        for chunk in [16usize << 10, 64 << 10, 256 << 10, 1 << 20] {
+            let t = rig.time_both(&mut |d, i| {
+                let (dst, src) = (dsts[1 - d][i % SETS][0].ptr(), srcs[d][i % SETS][0].ptr());
+                // SAFETY: MSG-byte live allocations reachable from `d`; the stream is `d`'s.
+                unsafe { atoms[d].copy_chunked_raw(&rig.streams[d], dst, src, MSG, chunk, 16) }?;
+                Ok(())
+            })?;
+            let name = format!("{label} chunk {}K", chunk >> 10);
+            rig.record("push-both-chunked", &name, 16, MSG as f64, t);
         }
     }
 

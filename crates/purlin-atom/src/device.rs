@@ -245,6 +245,7 @@ pub struct DeviceAtom {
     arch: Arch,
     cache: KernelCache,
     copy_fn: CudaFunction,
+    copy_module: Arc<CudaModule>,
     modules: Mutex<HashMap<DType, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
 }
@@ -273,6 +274,7 @@ impl DeviceAtom {
             arch,
             cache: cache.clone(),
             copy_fn,
+            copy_module: module,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
         })
@@ -329,6 +331,15 @@ impl DeviceAtom {
         Ok(f)
     }
 
+    fn function_in_copy_unit(&self, name: &str) -> Result<CudaFunction, AtomError> {
+        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(f.clone());
+        }
+        let f = prepare_function(&self.copy_module, name, &self.spec)?;
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
     fn check_stream(&self, stream: &CudaStream) -> Result<(), AtomError> {
         if stream.context().cu_ctx() != self.ctx.cu_ctx() {
             return Err(AtomError::WrongContext {
@@ -377,6 +388,36 @@ impl DeviceAtom {
         // SAFETY: the kernel is `purlin_atom_copy(u64 dst, u64 src, u64 bytes)`; its dynamic
         // shared memory is the spec's workspace (the function's limit was raised to it when
         // loaded); the caller vouches for the pointers.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// [`copy_raw`](Self::copy_raw) the way an executor calls the Atom: block `b` copies
+    /// chunks `b, b + blocks, ...` of `chunk` bytes, one Atom call (pipeline fill and drain)
+    /// per chunk. For measuring what a chunk size costs.
+    ///
+    /// # Safety
+    /// As for [`copy_raw`](Self::copy_raw).
+    pub unsafe fn copy_chunked_raw(
+        &self,
+        stream: &CudaStream,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        chunk: usize,
+        blocks: u32,
+    ) -> Result<(), AtomError> {
+        self.check_stream(stream)?;
+        let cfg = self.config(blocks)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let f = self.function_in_copy_unit("purlin_atom_copy_chunked")?;
+        let (bytes, chunk) = (bytes as u64, chunk.max(1) as u64);
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&dst).arg(&src).arg(&bytes).arg(&chunk);
+        // SAFETY: the kernel is `(u64 dst, u64 src, u64 bytes, u64 chunk)`; workspace as for
+        // copy; the caller vouches for the pointers.
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }

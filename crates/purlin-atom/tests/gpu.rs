@@ -202,6 +202,27 @@ fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
                     cases += 1;
                 }
             }
+            // The executor's pattern: one Atom call per chunk (odd chunk sizes too).
+            for &(size, chunk, so, doff, blocks) in &[
+                (1_000_003usize, 65_536usize, 0usize, 0usize, 16u32),
+                (777_777, 4_099, 5, 5, 7),
+                (300_001, 1 << 20, 1, 2, 3),
+            ] {
+                dst.fill(POISON).expect("poison");
+                let d = GUARD + doff;
+                // SAFETY: as in `run`: both ranges lie inside their buffers; peers enabled.
+                unsafe {
+                    atom.copy_chunked_raw(&stream, dst.ptr() + d as u64, src.ptr() + so as u64, size, chunk, blocks)
+                }
+                .expect("chunked copy");
+                stream.synchronize().expect("sync");
+                let got = dst.download(d - GUARD, size + 2 * GUARD).expect("download");
+                let what = format!("{generation} chunked copy {sp:?}->{dp:?} size {size} chunk {chunk}");
+                assert!(got[..GUARD].iter().all(|&b| b == POISON), "{what}: wrote before the destination");
+                assert!(got[GUARD + size..].iter().all(|&b| b == POISON), "{what}: wrote past the destination");
+                assert!(got[GUARD..GUARD + size] == src_host[so..so + size], "{what}: wrong bytes");
+                cases += 1;
+            }
         }
         println!("ATOM-GPU copy {sp:?}->{dp:?}: OK");
     }
