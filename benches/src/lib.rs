@@ -1,2 +1,21 @@
-//! Criterion benchmarks of Purlin live in `benches/benches/`; the collectives benchmark
-//! that compares with NCCL is `cargo xtask bench`.
+//! Purlin's benchmarks.
+//!
+//! - `purlin-bench` (`src/bin/purlin-bench.rs`, run by `cargo xtask bench`): the collectives
+//!   sweep, Purlin beside NCCL plain and NCCL with symmetric windows, nccl-tests style
+//!   (DESIGN.md §6). The library below is its machinery, tested without a GPU.
+//! - criterion benches of the launch path in `benches/`.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod backend;
+pub mod cli;
+pub mod coord;
+pub mod gpu;
+pub mod nccl;
+pub mod plot;
+pub mod purlin;
+pub mod report;
+pub mod run;
+pub mod spec;
+
+/// The git commit this binary was built from ("unknown" outside a checkout).
+pub const COMMIT: &str = env!("PURLIN_BENCH_COMMIT");

@@ -1,0 +1,264 @@
+//! The command line of `purlin-bench`.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+
+use crate::backend::BackendKind;
+use crate::run::Config;
+use crate::spec::{Collective, Dtype, Mode, Op, parse_size};
+
+/// How the ranks are launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    /// torchrun's variables (`RANK`, `WORLD_SIZE`) decide.
+    Auto,
+    /// One process, one thread per GPU.
+    None,
+    /// One process per GPU, started by torchrun.
+    Torchrun,
+}
+
+/// The parsed command line.
+#[derive(Clone, Debug)]
+pub struct Args {
+    /// The sweep.
+    pub config: Config,
+    /// The launcher.
+    pub launcher: Launcher,
+    /// Ranks (one process: GPUs 0..world; default all visible GPUs).
+    pub world: Option<usize>,
+    /// Where CSV, JSON and PNG go.
+    pub out: Option<PathBuf>,
+    /// `--quick` was given.
+    pub quick: bool,
+    /// `--help` was given.
+    pub help: bool,
+}
+
+/// `--help`.
+pub const USAGE: &str = "\
+purlin-bench: Purlin's collectives beside NCCL (plain and symmetric windows), nccl-tests style.
+
+usage: purlin-bench [options]          one process, one thread per GPU
+       python3 -m torch.distributed.run --no-python --nproc-per-node N purlin-bench [options]
+
+  --collective LIST  all | all-reduce,all-gather,reduce-scatter,all-to-all,
+                     all-gather-v,reduce-scatter-v,all-to-all-v        [all]
+  --dtype T          f32 f16 bf16 f64 i8 u8 i32 u32 i64 u64            [f32]
+  --op OP            sum prod min max avg (reducing collectives)       [sum]
+  --min SIZE         smallest size, bytes (8, 1K, 64M, 1G)             [8]
+  --max SIZE         largest size                                      [1G]
+  --factor N         size step                                         [2]
+  --mode M           eager | graph | both                              [both]
+  --launcher L       none | torchrun (default: torchrun if RANK is set)
+  --world N          ranks (one process: GPUs 0..N-1)                  [all GPUs]
+  --warmup N         warm-up calls                                     [5]
+  --iters N          back-to-back calls per timed run                  [20]
+  --runs N           most timed runs per size (median, p99 over runs)  [30]
+  --min-runs N       fewest timed runs                                 [5]
+  --budget SECS      timed seconds aimed at per size/backend/mode      [0.5]
+  --blocks N         Purlin's block count (NCCL keeps its own tuning)
+  --skew S           Zipf exponent of the V forms' partition sizes     [1.0]
+  --backends LIST    purlin,nccl,nccl-symm | all                       [all]
+  --timeout SECS     bound on every wait (a stuck peer stops the run)  [120]
+  --seed N           input seed                                        [1]
+  --out DIR          write results.csv, results.json, table.txt, plot-*.png
+  --quick            8 B..64 MiB x4 steps, warmup 2, iters 10, runs <= 10, budget 0.1 s
+                     (flags after --quick override it)
+
+size = nccl-tests' size: all-reduce the buffer, all-gather(-v) the whole output,
+reduce-scatter(-v) and all-to-all(-v) the whole input of one rank.
+busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for the others.
+";
+
+fn default_config() -> Config {
+    Config {
+        collectives: Collective::ALL.to_vec(),
+        dtype: Dtype::F32,
+        op: Op::Sum,
+        min_bytes: 8,
+        max_bytes: 1 << 30,
+        factor: 2,
+        modes: vec![Mode::Eager, Mode::Graph],
+        warmup: 5,
+        iters: 20,
+        max_runs: 30,
+        min_runs: 5,
+        budget_s: 0.5,
+        blocks: None,
+        skew: 1.0,
+        backends: BackendKind::ALL.to_vec(),
+        timeout_s: 120.0,
+        seed: 1,
+    }
+}
+
+fn apply_quick(c: &mut Config) {
+    c.max_bytes = 64 << 20;
+    c.factor = 4;
+    c.warmup = 2;
+    c.iters = 10;
+    c.max_runs = 10;
+    c.min_runs = 3;
+    c.budget_s = 0.1;
+}
+
+fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T> {
+    match v.trim().parse() {
+        Ok(x) => Ok(x),
+        Err(_) => bail!("{flag}: bad number {v:?}"),
+    }
+}
+
+/// Parses the arguments (without the program name).
+pub fn parse(args: &[String]) -> Result<Args> {
+    let mut a =
+        Args { config: default_config(), launcher: Launcher::Auto, world: None, out: None, quick: false, help: false };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let (flag, inline) = match flag.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (flag.clone(), None),
+        };
+        if flag == "--quick" {
+            a.quick = true;
+            apply_quick(&mut a.config);
+            continue;
+        }
+        if flag == "--help" || flag == "-h" {
+            a.help = true;
+            continue;
+        }
+        let mut value = || -> Result<String> {
+            match inline.clone().or_else(|| it.next().cloned()) {
+                Some(v) => Ok(v),
+                None => bail!("{flag} needs a value"),
+            }
+        };
+        let c = &mut a.config;
+        match flag.as_str() {
+            "--collective" | "--collectives" => c.collectives = Collective::parse_list(&value()?)?,
+            "--dtype" => c.dtype = Dtype::parse(&value()?)?,
+            "--op" => c.op = Op::parse(&value()?)?,
+            "--min" => c.min_bytes = parse_size(&value()?)?,
+            "--max" => c.max_bytes = parse_size(&value()?)?,
+            "--factor" => c.factor = num(&flag, &value()?)?,
+            "--mode" => c.modes = Mode::parse_list(&value()?)?,
+            "--launcher" => {
+                a.launcher = match value()?.as_str() {
+                    "none" => Launcher::None,
+                    "torchrun" => Launcher::Torchrun,
+                    other => bail!("--launcher: expected none or torchrun, got {other:?}"),
+                }
+            }
+            "--world" => a.world = Some(num(&flag, &value()?)?),
+            "--warmup" => c.warmup = num(&flag, &value()?)?,
+            "--iters" => c.iters = num(&flag, &value()?)?,
+            "--runs" => c.max_runs = num(&flag, &value()?)?,
+            "--min-runs" => c.min_runs = num(&flag, &value()?)?,
+            "--budget" => c.budget_s = num(&flag, &value()?)?,
+            "--blocks" => c.blocks = Some(num(&flag, &value()?)?),
+            "--skew" => c.skew = num(&flag, &value()?)?,
+            "--backends" | "--backend" => c.backends = BackendKind::parse_list(&value()?)?,
+            "--timeout" => c.timeout_s = num(&flag, &value()?)?,
+            "--seed" => c.seed = num(&flag, &value()?)?,
+            "--out" => a.out = Some(PathBuf::from(value()?)),
+            other => bail!("unknown argument {other:?} (see --help)"),
+        }
+    }
+    validate(&a)?;
+    Ok(a)
+}
+
+/// Checks the combination of arguments.
+pub fn validate(a: &Args) -> Result<()> {
+    let c = &a.config;
+    if c.min_bytes > c.max_bytes {
+        bail!("--min {} is larger than --max {}", c.min_bytes, c.max_bytes);
+    }
+    if c.factor < 2 {
+        bail!("--factor must be at least 2");
+    }
+    if c.iters == 0 || c.max_runs == 0 {
+        bail!("--iters and --runs must be at least 1");
+    }
+    if c.min_runs > c.max_runs {
+        bail!("--min-runs {} is larger than --runs {}", c.min_runs, c.max_runs);
+    }
+    if !(c.timeout_s > 0.0 && c.timeout_s < 1e6) {
+        bail!("--timeout must be a positive number of seconds");
+    }
+    if !(c.budget_s >= 0.0 && c.budget_s < 1e5) {
+        bail!("--budget must be a non-negative number of seconds");
+    }
+    if !(c.skew >= 0.0 && c.skew < 100.0) {
+        bail!("--skew must be between 0 and 100");
+    }
+    if c.blocks == Some(0) {
+        bail!("--blocks must be at least 1");
+    }
+    match a.world {
+        Some(w) if !(1..=crate::coord::MAX_RANKS).contains(&w) => {
+            bail!("--world {w}: must be 1..={}", crate::coord::MAX_RANKS)
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Args> {
+        parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        let a = p("").unwrap();
+        assert_eq!(a.config.sizes().len(), 28);
+        assert_eq!(a.config.collectives.len(), 7);
+        let a =
+            p("--collective all-reduce --dtype bf16 --op max --min 1K --max=1M --mode graph --iters 7 --out /tmp/x")
+                .unwrap();
+        assert_eq!(a.config.collectives, vec![Collective::AllReduce]);
+        assert_eq!((a.config.dtype, a.config.op, a.config.iters), (Dtype::Bf16, Op::Max, 7));
+        assert_eq!(
+            a.config.sizes(),
+            vec![1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576]
+        );
+        assert_eq!(a.config.modes, vec![Mode::Graph]);
+        assert_eq!(a.out, Some(PathBuf::from("/tmp/x")));
+        let a = p("--quick --iters 3").unwrap();
+        assert!(a.quick);
+        assert_eq!((a.config.max_bytes, a.config.iters), (64 << 20, 3));
+        assert_eq!(
+            p("--backends nccl-symm,purlin").unwrap().config.backends,
+            vec![BackendKind::Purlin, BackendKind::NcclSymm]
+        );
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        for bad in [
+            "--min 2G --max 1G",
+            "--iters 0",
+            "--world 17",
+            "--dtype f128",
+            "--op mean",
+            "--collective gather",
+            "--mode sometimes",
+            "--launcher slurm",
+            "--iters",
+            "--timeout -1",
+            "--skew nan",
+            "--factor 1",
+            "--frobnicate",
+            "--max 0",
+        ] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The little of the CUDA driver the benchmark needs, on raw device pointers: one context and
+//! stream per rank, buffers, copies, a bounded stream synchronize and graph capture.
+//!
+//! Raw pointers (not cudarc's `CudaSlice`) because NCCL's symmetric windows come from
+//! `ncclMemAlloc`, and because cudarc's event tracking must stay out of captured graphs: the
+//! context's event tracking is turned off and nothing here records events.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use cudarc::driver::sys::{CUresult, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaGraph, CudaStream, result, sys};
+
+use crate::coord::Coord;
+
+/// Whether libcuda can be loaded (cudarc panics on first use where it cannot).
+pub fn driver_present() -> bool {
+    purlin_topo::driver_present()
+}
+
+/// The number of visible GPUs (0 without a driver).
+pub fn device_count() -> usize {
+    purlin_topo::device_count()
+}
+
+/// The CUDA driver API version, as "13.0".
+pub fn cuda_driver_version() -> Option<String> {
+    if !driver_present() {
+        return None;
+    }
+    let mut v = 0;
+    // SAFETY: cuDriverGetVersion writes one int; the library is present (checked above).
+    let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+    (r == CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
+}
+
+/// The kernel driver's version (e.g. "580.159.04") from /proc, where it is readable.
+pub fn kernel_driver_version() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
+    let line = text.lines().next()?;
+    line.split_whitespace()
+        .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('.'))
+        .map(String::from)
+}
+
+/// One rank's GPU: its context and the stream every call goes on.
+#[derive(Debug)]
+pub struct Gpu {
+    /// The device ordinal.
+    pub ordinal: usize,
+    /// The primary context.
+    pub ctx: Arc<CudaContext>,
+    /// The benchmark's stream.
+    pub stream: Arc<CudaStream>,
+    /// The device's name.
+    pub name: String,
+}
+
+impl Gpu {
+    /// Opens `ordinal` and binds its context to this thread.
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        let ctx = CudaContext::new(ordinal).with_context(|| format!("open GPU {ordinal}"))?;
+        // SAFETY: no cudarc allocation of this context exists yet; the benchmark records no
+        // events (raw pointers only), which keeps graph capture free of tracked events.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().context("create a stream")?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        Ok(Gpu { ordinal, ctx, stream, name })
+    }
+
+    /// Binds the context to the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().context("bind the CUDA context")
+    }
+
+    /// The raw stream.
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    /// Copies `src` to device memory at `dst` (synchronous).
+    pub fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: dst is a live device allocation of at least src.len() bytes (the caller's
+        // backend sized it for the largest case); the copy is synchronous, so src outlives it.
+        unsafe { result::memcpy_htod_sync(dst, src) }.context("copy the inputs to the GPU")
+    }
+
+    /// Copies device memory at `src` into `dst` (synchronous, after the stream's work).
+    pub fn download(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: src is a live device allocation of at least dst.len() bytes; the copy is
+        // synchronous.
+        unsafe { result::memcpy_dtoh_sync(dst, src) }.context("copy the outputs from the GPU")
+    }
+
+    /// Fills `bytes` at `dst` with `value` on the stream.
+    pub fn fill(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: dst is a live device allocation of at least `bytes` bytes.
+        unsafe { result::memset_d8_async(dst, value, bytes, self.cu_stream()) }.context("poison the outputs")
+    }
+
+    /// Waits for the stream, bounded by `timeout`, watching the peers' abort flag and the
+    /// backend's asynchronous error. Spins on `cuStreamQuery` (no sleeping: this ends timed runs).
+    pub fn sync(&self, coord: &Coord, timeout: Duration, async_error: &dyn Fn() -> Option<String>) -> Result<()> {
+        let start = Instant::now();
+        let mut spins = 0u64;
+        loop {
+            // SAFETY: the stream is alive (owned by self).
+            let r = unsafe { sys::cuStreamQuery(self.cu_stream()) };
+            match r {
+                CUresult::CUDA_SUCCESS => return Ok(()),
+                CUresult::CUDA_ERROR_NOT_READY => {}
+                other => bail!("GPU {}: the stream failed: {other:?}", self.ordinal),
+            }
+            spins += 1;
+            if spins.is_multiple_of(1024) {
+                coord.check()?;
+                if let Some(e) = async_error() {
+                    bail!("GPU {}: {e}", self.ordinal);
+                }
+                if start.elapsed() > timeout {
+                    bail!("GPU {}: the stream did not finish within {timeout:?} (a peer stalled?)", self.ordinal);
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Starts capturing the stream (thread-local mode: other ranks' threads keep working).
+    pub fn begin_capture(&self) -> Result<()> {
+        self.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).context("begin capture")
+    }
+
+    /// Ends the capture and instantiates the graph.
+    pub fn end_capture(&self) -> Result<CudaGraph> {
+        match self.stream.end_capture(sys::CUgraphInstantiate_flags(0)).context("end capture")? {
+            Some(g) => Ok(g),
+            None => bail!("the capture produced no graph"),
+        }
+    }
+}
+
+/// Device memory from `cuMemAlloc`.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    /// The device pointer.
+    pub ptr: u64,
+    /// Its size in bytes.
+    pub bytes: usize,
+}
+
+impl DeviceBuffer {
+    /// Allocates `bytes` (at least 256) on the current context.
+    pub fn new(gpu: &Gpu, bytes: usize) -> Result<DeviceBuffer> {
+        gpu.bind()?;
+        let bytes = bytes.max(256);
+        // SAFETY: a plain allocation on the bound context; freed in Drop.
+        let ptr = unsafe { result::malloc_sync(bytes) }
+            .with_context(|| format!("cuMemAlloc of {bytes} bytes on GPU {}", gpu.ordinal))?;
+        Ok(DeviceBuffer { ptr, bytes })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from cuMemAlloc and is freed once; the owner synchronized its
+        // stream before dropping (backends are dropped after their last sync).
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}

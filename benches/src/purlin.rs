@@ -1,0 +1,161 @@
+//! Purlin's backend: `purlin_collectives::Comm`, the drop-in for `cudarc::nccl::Comm`.
+//!
+//! One process, one thread per GPU: the communicators come from `Comm::from_devices` (made
+//! on the launching thread before the rank threads start, as cudarc programs do, then handed
+//! to the rank threads: `Comm` is `Send`). torchrun: `Comm::from_rank` with an `Id` from rank
+//! 0, passed through the ranks' shared block.
+//!
+//! Buffers are `CudaSlice<u8>` on the rank's stream, viewed as the case's element type per
+//! call. Collectives the API does not have yet (all-to-all and the V forms) are reported as
+//! not implemented; calls that return "not implemented yet" are reported so, never timed.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow, bail};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use purlin_collectives::{Comm, Error, Id, ReduceOp};
+
+use crate::backend::{Backend, BackendKind, CallError};
+use crate::coord::Coord;
+use crate::gpu::Gpu;
+use crate::spec::{Case, Collective, Dtype, Op};
+
+/// Makes every rank's communicator in one process (rank `i` on `streams[i]`).
+pub fn comms_for_threads(streams: Vec<Arc<CudaStream>>) -> Result<Vec<Comm>> {
+    Comm::from_devices(streams).map_err(|e| anyhow!("purlin_collectives::Comm::from_devices: {e}"))
+}
+
+/// Makes this rank's communicator, one process per GPU (every rank calls it).
+pub fn comm_for_process(gpu: &Gpu, coord: &Coord) -> Result<Comm> {
+    let mine: Vec<u8> = if coord.rank() == 0 {
+        match Id::new() {
+            Ok(id) => id.internal().iter().map(|c| *c as u8).collect(),
+            Err(_) => Vec::new(),
+        }
+    } else {
+        Vec::new()
+    };
+    let got = coord.broadcast_bytes(&mine)?;
+    let mut internal = [0 as std::ffi::c_char; purlin_collectives::id::ID_BYTES];
+    if got.len() != internal.len() {
+        bail!("rank 0 could not make a purlin Id");
+    }
+    for (d, s) in internal.iter_mut().zip(&got) {
+        *d = *s as _;
+    }
+    Comm::from_rank(gpu.stream.clone(), coord.rank(), coord.world(), Id::uninit(internal))
+        .map_err(|e| anyhow!("purlin_collectives::Comm::from_rank: {e}"))
+}
+
+/// One rank's Purlin backend.
+#[derive(Debug)]
+pub struct Purlin {
+    comm: Comm,
+    send: CudaSlice<u8>,
+    recv: CudaSlice<u8>,
+}
+
+impl Purlin {
+    /// Wraps a communicator and allocates the buffers.
+    pub fn new(gpu: &Gpu, comm: Comm, send_bytes: usize, recv_bytes: usize) -> Result<Purlin> {
+        gpu.bind()?;
+        // SAFETY: u8 has no invalid bit patterns; the runner writes the send buffer before use
+        // and poisons the receive buffer before every checked call.
+        let send = unsafe { gpu.stream.alloc::<u8>(send_bytes.max(256)) }.context("allocate purlin's send buffer")?;
+        // SAFETY: as above.
+        let recv = unsafe { gpu.stream.alloc::<u8>(recv_bytes.max(256)) }.context("allocate purlin's recv buffer")?;
+        gpu.stream.synchronize().context("synchronize after allocating")?;
+        Ok(Purlin { comm, send, recv })
+    }
+}
+
+fn op(o: Option<Op>) -> ReduceOp {
+    match o.unwrap_or(Op::Sum) {
+        Op::Sum => ReduceOp::Sum,
+        Op::Prod => ReduceOp::Prod,
+        Op::Min => ReduceOp::Min,
+        Op::Max => ReduceOp::Max,
+        Op::Avg => ReduceOp::Avg,
+    }
+}
+
+fn map_err(e: Error) -> CallError {
+    match e {
+        Error::Unsupported(m) if m.contains("not implemented") => CallError::NotImplemented(m),
+        Error::Unsupported(m) => CallError::Unsupported(m),
+        other => CallError::Failed(other.to_string()),
+    }
+}
+
+fn ptr_of(s: &CudaSlice<u8>) -> u64 {
+    use cudarc::driver::DevicePtr;
+    let stream = s.stream().clone();
+    let (p, _sync) = s.device_ptr(&stream);
+    p
+}
+
+/// Typed views of the byte buffers, `n_send`/`n_recv` elements of `T`.
+fn call_typed<T: purlin_collectives::comm::NcclType + cudarc::driver::DeviceRepr>(
+    comm: &Comm,
+    send: &CudaSlice<u8>,
+    recv: &mut CudaSlice<u8>,
+    case: &Case,
+) -> Result<(), CallError> {
+    let r = comm.rank();
+    let (n_send, n_recv) = (case.in_count(r), case.out_count(r));
+    // SAFETY: the buffers were sized for the sweep's largest case in bytes; n × size_of::<T>
+    // fits; T is a plain element type for which every bit pattern is a value.
+    let s: CudaView<'_, T> =
+        unsafe { send.transmute::<T>(n_send) }.ok_or_else(|| CallError::Failed("send buffer too small".into()))?;
+    // SAFETY: as above.
+    let mut d: CudaViewMut<'_, T> = unsafe { recv.transmute_mut::<T>(n_recv) }
+        .ok_or_else(|| CallError::Failed("receive buffer too small".into()))?;
+    let res = match case.collective {
+        Collective::AllReduce => comm.all_reduce(&s, &mut d, &op(case.op)),
+        Collective::AllGather => comm.all_gather(&s, &mut d),
+        Collective::ReduceScatter => comm.reduce_scatter(&s, &mut d, &op(case.op)),
+        other => return Err(CallError::NotImplemented(format!("purlin_collectives::Comm has no {other} yet"))),
+    };
+    res.map(drop).map_err(map_err)
+}
+
+impl Backend for Purlin {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Purlin
+    }
+
+    fn send_ptr(&self) -> u64 {
+        ptr_of(&self.send)
+    }
+
+    fn recv_ptr(&self) -> u64 {
+        ptr_of(&self.recv)
+    }
+
+    fn supports(&self, case: &Case) -> Result<(), CallError> {
+        match case.collective {
+            Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter => Ok(()),
+            other => Err(CallError::NotImplemented(format!("purlin_collectives::Comm has no {other} yet"))),
+        }
+    }
+
+    fn enqueue(&mut self, case: &Case) -> Result<(), CallError> {
+        let (c, s, d) = (&self.comm, &self.send, &mut self.recv);
+        match case.dtype {
+            Dtype::F32 => call_typed::<f32>(c, s, d, case),
+            Dtype::F16 => call_typed::<half::f16>(c, s, d, case),
+            Dtype::Bf16 => call_typed::<half::bf16>(c, s, d, case),
+            Dtype::F64 => call_typed::<f64>(c, s, d, case),
+            Dtype::I8 => call_typed::<i8>(c, s, d, case),
+            Dtype::U8 => call_typed::<u8>(c, s, d, case),
+            Dtype::I32 => call_typed::<i32>(c, s, d, case),
+            Dtype::U32 => call_typed::<u32>(c, s, d, case),
+            Dtype::I64 => call_typed::<i64>(c, s, d, case),
+            Dtype::U64 => call_typed::<u64>(c, s, d, case),
+        }
+    }
+
+    fn async_error(&self) -> Option<String> {
+        self.comm.async_error().err().map(|e| e.to_string())
+    }
+}
