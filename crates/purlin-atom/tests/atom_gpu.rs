@@ -4,7 +4,7 @@
 //! or on the peer GPU, fresh random data (specials included) and poisoned outputs.
 //!
 //! `#[ignore]`d: run on the GPU machine with
-//! `gpu-atom-test --ignored --test-threads=1 --nocapture` (the GPU round does this).
+//! `atom_gpu-test --ignored --test-threads=1 --nocapture` (the GPU round does this).
 //! Each test prints one `ATOM-GPU` line per part it checked.
 
 mod common;
@@ -56,6 +56,30 @@ fn gpus() -> Gpus {
     Gpus { ctxs, cache, generations }
 }
 
+/// Collects mismatches instead of stopping at the first, so one round reports every
+/// failing (generation, type, op, case); the test fails at the end if any were found.
+#[derive(Default)]
+struct Failures {
+    count: usize,
+    shown: Vec<String>,
+}
+
+impl Failures {
+    fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
+        if !ok {
+            self.count += 1;
+            if self.shown.len() < 40 {
+                let m = msg();
+                println!("ATOM-GPU FAIL {m}");
+                self.shown.push(m);
+            }
+        }
+    }
+    fn finish(self, what: &str) {
+        assert!(self.count == 0, "{what}: {} failures, the first: {:#?}", self.count, self.shown);
+    }
+}
+
 fn buffer(ctx: &Arc<CudaContext>, bytes: usize) -> DeviceBuffer {
     DeviceBuffer::new(ctx, bytes).expect("cuMemAlloc")
 }
@@ -86,6 +110,7 @@ fn gpu_conversions_of_every_code_match_the_host_atom() {
     let ctx = &g.ctxs[0];
     let stream = ctx.default_stream();
     let mut rng = Rng::new(0x5eed_0001);
+    let mut failures = Failures::default();
     for &generation in &g.generations {
         let atom = DeviceAtom::new(ctx, Some(generation), &g.cache).expect("atom");
         for dtype in [DType::F16, DType::BF16, DType::E4M3, DType::E5M2] {
@@ -105,7 +130,9 @@ fn gpu_conversions_of_every_code_match_the_host_atom() {
             for (c, &gc) in got.iter().enumerate() {
                 let want = host::decode_bits(dtype, c as u32);
                 let both_nan = f32::from_bits(want).is_nan() && f32::from_bits(gc).is_nan();
-                assert!(gc == want || both_nan, "{generation} {dtype} decode {c:#x}: {gc:#010x} vs host {want:#010x}");
+                failures.check(gc == want || both_nan, || {
+                    format!("{generation} {dtype} decode {c:#x}: {gc:#010x} vs host {want:#010x}")
+                });
             }
             // Encode every decoded value, the ties between neighbours and random f32s.
             let probes = probe_inputs(&got, &mut rng);
@@ -122,7 +149,9 @@ fn gpu_conversions_of_every_code_match_the_host_atom() {
                 let got = common::code_at(dtype, &enc, i);
                 let want = host::encode_bits(dtype, p);
                 let both_nan = host::is_nan_code(dtype, got) && host::is_nan_code(dtype, want);
-                assert!(got == want || both_nan, "{generation} {dtype} encode {p:#010x}: {got:#x} vs host {want:#x}");
+                failures.check(got == want || both_nan, || {
+                    format!("{generation} {dtype} encode {p:#010x}: {got:#x} vs host {want:#x}")
+                });
             }
             println!(
                 "ATOM-GPU conversions {generation} {dtype}: {ncodes} codes decoded, {} values encoded: OK",
@@ -163,6 +192,7 @@ fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
     // and byte-misaligned.
     let offsets = [(0usize, 0usize), (5, 5), (16, 0), (4, 8), (3, 6), (1, 0)];
     let mut cases = 0;
+    let mut failures = Failures::default();
     for (sp, dp) in placements(&g) {
         let ctx_of = |p: Place| if p == Place::Local { &g.ctxs[0] } else { &g.ctxs[1] };
         let src_host = rng.bytes(MAX + GUARD);
@@ -171,7 +201,7 @@ fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
         let dst = buffer(ctx_of(dp), MAX + 2 * GUARD);
         for &generation in &g.generations {
             let atom = DeviceAtom::new(&g.ctxs[0], Some(generation), &g.cache).expect("atom");
-            let run = |size: usize, so: usize, doff: usize, blocks: u32| {
+            let mut run = |size: usize, so: usize, doff: usize, blocks: u32| {
                 dst.fill(POISON).expect("poison");
                 let d = GUARD + doff;
                 // SAFETY: src holds MAX + GUARD bytes and so + size <= that; dst holds
@@ -181,12 +211,14 @@ fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
                 stream.synchronize().expect("sync");
                 let got = dst.download(d - GUARD, size + 2 * GUARD).expect("download");
                 let what =
-                    format!("{generation} copy {sp:?}->{dp:?} size {size} offsets ({so},{doff}) blocks {blocks}");
-                assert!(got[..GUARD].iter().all(|&b| b == POISON), "{what}: wrote before the destination");
-                assert!(got[GUARD + size..].iter().all(|&b| b == POISON), "{what}: wrote past the destination");
-                if let Some(i) = (0..size).find(|&i| got[GUARD + i] != src_host[so + i]) {
-                    panic!("{what}: byte {i} is {:#x}, want {:#x}", got[GUARD + i], src_host[so + i]);
-                }
+                    || format!("{generation} copy {sp:?}->{dp:?} size {size} offsets ({so},{doff}) blocks {blocks}");
+                failures.check(got[..GUARD].iter().all(|&b| b == POISON), || format!("{}: wrote before", what()));
+                failures.check(got[GUARD + size..].iter().all(|&b| b == POISON), || format!("{}: wrote past", what()));
+                let bad = (0..size).find(|&i| got[GUARD + i] != src_host[so + i]);
+                failures.check(bad.is_none(), || {
+                    let i = bad.unwrap_or(0);
+                    format!("{}: byte {i} is {:#x}, want {:#x}", what(), got[GUARD + i], src_host[so + i])
+                });
             };
             for &size in &small {
                 for &(so, doff) in &offsets {
@@ -218,15 +250,17 @@ fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
                 stream.synchronize().expect("sync");
                 let got = dst.download(d - GUARD, size + 2 * GUARD).expect("download");
                 let what = format!("{generation} chunked copy {sp:?}->{dp:?} size {size} chunk {chunk}");
-                assert!(got[..GUARD].iter().all(|&b| b == POISON), "{what}: wrote before the destination");
-                assert!(got[GUARD + size..].iter().all(|&b| b == POISON), "{what}: wrote past the destination");
-                assert!(got[GUARD..GUARD + size] == src_host[so..so + size], "{what}: wrong bytes");
+                let ok = got[..GUARD].iter().all(|&b| b == POISON)
+                    && got[GUARD + size..].iter().all(|&b| b == POISON)
+                    && got[GUARD..GUARD + size] == src_host[so..so + size];
+                failures.check(ok, || format!("{what}: wrong bytes or out-of-range writes"));
                 cases += 1;
             }
         }
-        println!("ATOM-GPU copy {sp:?}->{dp:?}: OK");
+        println!("ATOM-GPU copy {sp:?}->{dp:?}: done ({} failures so far)", failures.count);
     }
-    println!("ATOM-GPU copy: {cases} cases OK");
+    println!("ATOM-GPU copy: {cases} cases, {} failures", failures.count);
+    failures.finish("copy");
 }
 
 #[test]
@@ -240,6 +274,7 @@ fn gpu_reduce_matches_the_host_atom_for_every_generation_dtype_op_size_and_place
     const BIG: usize = 1_000_003;
     let peers = g.ctxs.len() == 2;
     let mut cases = 0;
+    let mut failures = Failures::default();
     for dtype in DType::ALL {
         let size = dtype.size();
         let cap = (BIG + GUARD) * size;
@@ -264,7 +299,7 @@ fn gpu_reduce_matches_the_host_atom_for_every_generation_dtype_op_size_and_place
             for op in ReduceOp::ALL {
                 // placement: 0 all local; 1 odd ranks on the peer; 2 destination on the peer;
                 // 3 in place (destination is rank 1's buffer, local).
-                let run = |n: usize, count: usize, soff: usize, doff: usize, placement: u32, blocks: u32| {
+                let mut run = |n: usize, count: usize, soff: usize, doff: usize, placement: u32, blocks: u32| {
                     let in_place = placement == 3;
                     let (dst, dst_ptr_base, guard) = if in_place {
                         (&local[1], local[1].ptr(), 0usize)
@@ -310,12 +345,15 @@ fn gpu_reduce_matches_the_host_atom_for_every_generation_dtype_op_size_and_place
                         "{generation} reduce {dtype} {op} n={n} count={count} offsets ({soff},{doff}) placement {placement} blocks {blocks}"
                     );
                     if guard > 0 {
-                        assert!(got[..guard].iter().all(|&b| b == POISON), "{what}: wrote before the destination");
-                        assert!(got[guard + count * size..].iter().all(|&b| b == POISON), "{what}: wrote past the end");
+                        failures.check(got[..guard].iter().all(|&b| b == POISON), || format!("{what}: wrote before"));
+                        let past = got[guard + count * size..].iter().all(|&b| b == POISON);
+                        failures.check(past, || format!("{what}: wrote past the end"));
                     }
-                    if let Some((i, gv, wv)) = first_mismatch(dtype, &got[guard..guard + count * size], &want) {
-                        panic!("{what}: element {i} is {gv:#x}, host Atom says {wv:#x}");
-                    }
+                    let bad = first_mismatch(dtype, &got[guard..guard + count * size], &want);
+                    failures.check(bad.is_none(), || {
+                        let (i, gv, wv) = bad.unwrap_or_default();
+                        format!("{what}: element {i} is {gv:#x}, host Atom says {wv:#x}")
+                    });
                     if in_place {
                         dst.upload(0, &data[1]).expect("restore rank 1's source");
                     }
@@ -341,10 +379,11 @@ fn gpu_reduce_matches_the_host_atom_for_every_generation_dtype_op_size_and_place
                 run(2, BIG - 5, 3, 3, if peers { 2 } else { 0 }, 7);
                 cases += 2;
             }
-            println!("ATOM-GPU reduce {generation} {dtype}: OK");
+            println!("ATOM-GPU reduce {generation} {dtype}: done ({} failures so far)", failures.count);
         }
     }
-    println!("ATOM-GPU reduce: {cases} cases OK");
+    println!("ATOM-GPU reduce: {cases} cases, {} failures", failures.count);
+    failures.finish("reduce");
 }
 
 #[test]
