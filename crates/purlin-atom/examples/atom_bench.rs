@@ -174,7 +174,9 @@ fn main() -> Res<()> {
 
     let mut specs: Vec<AtomSpec> = Generation::selectable_on(arch).into_iter().map(AtomSpec::new).collect();
     if sweep {
-        for (threads, depth, vecs) in [(512, 8, 2), (256, 8, 4), (1024, 4, 1), (512, 3, 4), (256, 5, 2), (512, 9, 1)] {
+        for (threads, depth, vecs) in
+            [(512, 8, 2), (512, 9, 2), (256, 8, 4), (1024, 5, 2), (1024, 4, 1), (512, 3, 4), (256, 5, 2), (512, 9, 1)]
+        {
             specs.push(AtomSpec::with_params(Generation::Hopper, AtomParams { threads, depth, vecs })?);
         }
         specs.push(AtomSpec::with_params(Generation::Generic, AtomParams { threads: 512, depth: 16, vecs: 1 })?);
