@@ -267,7 +267,7 @@ impl DeviceAtom {
             return Err(GenerationError::Unsupported { generation: spec.generation, arch }.into());
         }
         let module = load_unit(ctx, &spec, arch, cache, None)?;
-        let copy_fn = prepare_function(&module, "purlin_atom_copy", &spec)?;
+        let copy_fn = prepare_function(ctx, &module, "purlin_atom_copy", &spec)?;
         Ok(Self {
             ctx: ctx.clone(),
             spec,
@@ -326,7 +326,7 @@ impl DeviceAtom {
             return Ok(f.clone());
         }
         let module = self.module(dtype)?;
-        let f = prepare_function(&module, &name, &self.spec)?;
+        let f = prepare_function(&self.ctx, &module, &name, &self.spec)?;
         self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name, f.clone());
         Ok(f)
     }
@@ -335,7 +335,7 @@ impl DeviceAtom {
         if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
             return Ok(f.clone());
         }
-        let f = prepare_function(&self.copy_module, name, &self.spec)?;
+        let f = prepare_function(&self.ctx, &self.copy_module, name, &self.spec)?;
         self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), f.clone());
         Ok(f)
     }
@@ -704,7 +704,13 @@ fn load_unit(
     Ok(ctx.load_module(Ptx::from_binary(compiled.cubin))?)
 }
 
-fn prepare_function(module: &Arc<CudaModule>, name: &str, spec: &AtomSpec) -> Result<CudaFunction, AtomError> {
+fn prepare_function(
+    ctx: &Arc<CudaContext>,
+    module: &Arc<CudaModule>,
+    name: &str,
+    spec: &AtomSpec,
+) -> Result<CudaFunction, AtomError> {
+    ctx.bind_to_thread()?;
     let f = module.load_function(name)?;
     if spec.smem_bytes() > 48 * 1024 {
         f.set_attribute(
