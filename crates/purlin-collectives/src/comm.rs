@@ -45,11 +45,55 @@ pub struct CommConfig {
     pub workspace: WorkspaceConfig,
     /// Where compiled kernels are cached (default: [`KernelCache::default_location`]).
     pub kernel_cache: Option<std::path::PathBuf>,
+    /// Kernels to compile and load during set-up, before the final barrier (so a peer
+    /// compiling for seconds is not taken for dead later), each with its co-residency bound
+    /// agreed across ranks. Every rank must request the same list.
+    pub kernels: Vec<KernelRequest>,
+}
+
+/// A kernel the communicator compiles, loads and bounds at set-up (see [`CommConfig::kernels`]).
+#[derive(Debug, Clone)]
+pub struct KernelRequest {
+    /// The translation unit (compiled for each rank's exact architecture, through the cache).
+    pub unit: purlin_atom::TranslationUnit,
+    /// The `extern "C"` function to load from it.
+    pub function: String,
+    /// Threads per block it will be launched with.
+    pub block_size: u32,
+    /// Dynamic shared memory per block it will be launched with.
+    pub dynamic_smem: usize,
+}
+
+impl KernelRequest {
+    /// What every rank compares at set-up.
+    fn digest(&self) -> String {
+        format!("{}:{}:{}:{}", self.unit.name, self.function, self.block_size, self.dynamic_smem)
+    }
+}
+
+/// A kernel loaded at set-up, with its co-residency bound.
+#[derive(Debug, Clone)]
+pub struct LoadedKernel {
+    /// The request it came from.
+    pub request: KernelRequest,
+    /// Its module (kept loaded for the communicator's life).
+    pub module: Arc<CudaModule>,
+    /// The function.
+    pub function: CudaFunction,
+    /// Most blocks resident at once on this rank's GPU (occupancy × SMs).
+    pub coresident_local: u32,
+    /// The minimum of that across ranks: plans for this kernel never use more blocks.
+    pub coresident: u32,
 }
 
 impl Default for CommConfig {
     fn default() -> Self {
-        Self { timeout: DEFAULT_TIMEOUT, workspace: WorkspaceConfig::default(), kernel_cache: None }
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+            workspace: WorkspaceConfig::default(),
+            kernel_cache: None,
+            kernels: Vec::new(),
+        }
     }
 }
 
@@ -230,6 +274,7 @@ pub struct Comm {
     module: Arc<CudaModule>,
     pingpong: CudaFunction,
     coresidency: CoResidency,
+    kernels: Vec<LoadedKernel>,
     poison: Mutex<Option<String>>,
     next_flag_slot: Mutex<Vec<usize>>,
     owner: Owner,
@@ -354,6 +399,13 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         gathered.iter().enumerate().map(|(p, b)| decode_device(p, b)).collect::<Result<_, _>>()?;
     let generation = agree(&host, check_devices(rank, &devices, &ctx), "set-up: checking the GPUs")?;
 
+    // Every rank must ask for the same kernels (else the bounds below would pair up wrongly).
+    let wanted: Vec<String> = config.kernels.iter().map(KernelRequest::digest).collect();
+    let lists = host.all_gather(wanted.join("\n").as_bytes(), "set-up: kernel lists")?;
+    if let Some(peer) = lists.iter().position(|l| *l != wanted.join("\n").into_bytes()) {
+        return Err(Error::Mismatch { rank, peer, what: "the kernels requested in CommConfig::kernels".into() });
+    }
+
     // Kernels are compiled before the final barrier, so a peer compiling for seconds is
     // waited for under the set-up timeout, not taken for dead later.
     let kernels = (|| {
@@ -362,15 +414,46 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         // compile the same key at once, and KernelCache's temporary file is named by pid only.
         let _one_at_a_time = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let arch = Arch { major: device.compute_capability.major, minor: device.compute_capability.minor };
-        let compiled = cache.get_or_compile(&crate::kernels::smoke_unit(), arch)?;
-        let module = ctx.load_module(Ptx::from_binary(compiled.cubin)).map_err(driver("cuModuleLoadData"))?;
-        let pingpong = module.load_function("purlin_smoke_pingpong").map_err(driver("cuModuleGetFunction"))?;
-        let bound = max_coresident_blocks(&pingpong, 32, 0, device.sm_count)?;
-        Ok::<_, Error>((module, pingpong, bound))
+        let load = |unit: &purlin_atom::TranslationUnit, name: &str, block: u32, smem: usize| {
+            let compiled = cache.get_or_compile(unit, arch)?;
+            let module = ctx.load_module(Ptx::from_binary(compiled.cubin)).map_err(driver("cuModuleLoadData"))?;
+            let function = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
+            let bound = max_coresident_blocks(&function, block, smem, device.sm_count)?;
+            Ok::<_, Error>((module, function, bound))
+        };
+        let smoke = load(&crate::kernels::smoke_unit(), "purlin_smoke_pingpong", 32, 0)?;
+        let extra = config
+            .kernels
+            .iter()
+            .map(|r| load(&r.unit, &r.function, r.block_size, r.dynamic_smem).map(|k| (r.clone(), k)))
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok::<_, Error>((smoke, extra))
     })();
-    let (module, pingpong, local_bound) = agree(&host, kernels, "set-up: compiling kernels")?;
-    let min_bound = host.all_min(u64::from(local_bound), "set-up: co-residency bounds")?;
-    let min_bound = u32::try_from(min_bound).unwrap_or(local_bound);
+    let ((module, pingpong, local_bound), extra) = agree(&host, kernels, "set-up: compiling kernels")?;
+    let locals: Vec<u32> = std::iter::once(local_bound).chain(extra.iter().map(|(_, k)| k.2)).collect();
+    let bytes: Vec<u8> = locals.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let all = host.all_gather(&bytes, "set-up: co-residency bounds")?;
+    let mut agreed = locals.clone();
+    for (peer, theirs) in all.iter().enumerate() {
+        if theirs.len() != bytes.len() {
+            return Err(Error::Protocol { peer: Some(peer), what: "co-residency bounds".into() });
+        }
+        for (a, chunk) in agreed.iter_mut().zip(theirs.chunks_exact(4)) {
+            *a = (*a).min(u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]));
+        }
+    }
+    let min_bound = agreed[0];
+    let kernels: Vec<LoadedKernel> = extra
+        .into_iter()
+        .zip(&agreed[1..])
+        .map(|((request, (module, function, local)), &coresident)| LoadedKernel {
+            request,
+            module,
+            function,
+            coresident_local: local,
+            coresident,
+        })
+        .collect();
 
     let (addrs, owner) = match backend {
         Backend::Ipc(mut b) => {
@@ -395,6 +478,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         module,
         pingpong,
         coresidency: CoResidency { smoke_pingpong: min_bound, smoke_pingpong_local: local_bound },
+        kernels,
         poison: Mutex::new(None),
         next_flag_slot: Mutex::new(vec![0; world]),
         owner,
@@ -565,6 +649,16 @@ impl Comm {
     /// Every rank's workspace base as a device address usable by this rank's kernels.
     pub fn workspace_addrs(&self) -> &[u64] {
         &self.addrs
+    }
+
+    /// The kernels loaded at set-up ([`CommConfig::kernels`]), in request order.
+    pub fn kernels(&self) -> &[LoadedKernel] {
+        &self.kernels
+    }
+
+    /// The loaded kernel whose function is `function`.
+    pub fn kernel(&self, function: &str) -> Option<&LoadedKernel> {
+        self.kernels.iter().find(|k| k.request.function == function)
     }
 
     /// Copies `bytes` bytes at `offset` of this rank's own workspace to the host (debugging

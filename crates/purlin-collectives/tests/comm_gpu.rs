@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{Kid, ROLE, role};
 use cudarc::driver::{CudaContext, CudaStream};
-use purlin_collectives::comm::{Comm, CommConfig};
+use purlin_collectives::comm::{Comm, CommConfig, KernelRequest};
 use purlin_collectives::device::mem_info;
 use purlin_collectives::{Error, Id};
 
@@ -160,7 +160,21 @@ fn gpu_from_rank_on_threads_of_one_process() {
 
 fn rank_main(rank: usize, id: Id) {
     let t = Instant::now();
-    let c = Comm::from_rank_with_config(stream(rank), rank, 2, id, config()).expect("from_rank");
+    // One extra kernel compiled, loaded and bounded at set-up (the executor's path).
+    let fill = KernelRequest {
+        unit: purlin_collectives::kernels::smoke_unit(),
+        function: "purlin_smoke_fill".into(),
+        block_size: 256,
+        dynamic_smem: 0,
+    };
+    let cfg = CommConfig { kernels: vec![fill], ..config() };
+    let c = Comm::from_rank_with_config(stream(rank), rank, 2, id, cfg).expect("from_rank");
+    let k = c.kernel("purlin_smoke_fill").expect("requested kernel loaded");
+    println!(
+        "COMM two-process rank {rank}: kernel purlin_smoke_fill (256 threads) co-residency bound {} here, {} agreed",
+        k.coresident_local, k.coresident
+    );
+    assert!(k.coresident > 0 && k.coresident <= k.coresident_local);
     println!("COMM two-process set-up, rank {rank}: {:?}", t.elapsed());
     describe(&c);
     assert_ne!(c.workspace_addrs()[0], 0);
