@@ -11,6 +11,7 @@
 #endif
 #include "atom_common.cuh"
 #include "engine_cp_async.cuh"
+#include "engine_bulk.cuh"
 
 #ifndef PURLIN_ATOM_THREADS
 #define PURLIN_ATOM_THREADS 512
@@ -26,7 +27,12 @@ namespace purlin {
 namespace atom {
 constexpr u32 kGeneration = 3;
 constexpr u32 kThreads = PURLIN_ATOM_THREADS;
+#if defined(PURLIN_ATOM_BULK) && PURLIN_ATOM_BULK
+// Opt-in: copy through the bulk-copy (TMA) engine; reduce stays on cp.async.
+typedef BulkEngine<PURLIN_ATOM_STAGES, PURLIN_ATOM_VECS> Engine;
+#else
 typedef CpAsyncEngine<PURLIN_ATOM_STAGES, PURLIN_ATOM_VECS> Engine;
+#endif
 }  // namespace atom
 }  // namespace purlin
 

@@ -149,6 +149,9 @@ pub struct AtomParams {
     pub depth: u32,
     /// Pipelined: 16-byte vectors per thread per stage (unused by the generic Atom).
     pub vecs: u32,
+    /// Hopper and Blackwell: copy through the bulk-copy (TMA) engine instead of `cp.async`
+    /// (opt-in, for measuring; reduce stays on `cp.async`).
+    pub bulk: bool,
 }
 
 /// Errors in [`AtomParams`].
@@ -167,9 +170,9 @@ impl AtomParams {
     /// The defaults of `generation` (the same as its header's).
     pub const fn default_for(generation: Generation) -> AtomParams {
         match generation {
-            Generation::Generic => AtomParams { threads: 512, depth: 8, vecs: 1 },
-            Generation::Ampere => AtomParams { threads: 512, depth: 4, vecs: 2 },
-            Generation::Hopper | Generation::Blackwell => AtomParams { threads: 512, depth: 5, vecs: 2 },
+            Generation::Generic => AtomParams { threads: 512, depth: 8, vecs: 1, bulk: false },
+            Generation::Ampere => AtomParams { threads: 512, depth: 4, vecs: 2, bulk: false },
+            Generation::Hopper | Generation::Blackwell => AtomParams { threads: 512, depth: 5, vecs: 2, bulk: false },
         }
     }
 }
@@ -205,6 +208,9 @@ impl AtomSpec {
             }
         } else if !(1..=16).contains(&params.depth) {
             return bad("loads in flight must be in 1..=16");
+        }
+        if params.bulk && generation < Generation::Hopper {
+            return bad("the bulk-copy engine needs the Hopper or Blackwell Atom");
         }
         let spec = Self { generation, params };
         if spec.smem_bytes() > 227 * 1024 {
@@ -247,6 +253,9 @@ impl AtomSpec {
         );
         if self.generation.pipelined() {
             s += &format!("#define PURLIN_ATOM_STAGES {}\n#define PURLIN_ATOM_VECS {}\n", p.depth, p.vecs);
+            if p.bulk {
+                s += "#define PURLIN_ATOM_BULK 1\n";
+            }
         } else {
             s += &format!("#define PURLIN_ATOM_UNROLL {}\n", p.depth);
         }
@@ -267,7 +276,8 @@ impl AtomSpec {
     pub fn label(&self) -> String {
         let p = &self.params;
         if self.generation.pipelined() {
-            format!("{}-t{}-s{}v{}", self.generation, p.threads, p.depth, p.vecs)
+            let bulk = if p.bulk { "-bulk" } else { "" };
+            format!("{}-t{}-s{}v{}{bulk}", self.generation, p.threads, p.depth, p.vecs)
         } else {
             format!("{}-t{}-u{}", self.generation, p.threads, p.depth)
         }
@@ -316,12 +326,16 @@ mod tests {
         assert_eq!(spec.bytes_in_flight(), 4 * 2 * 16 * 512);
         assert_eq!(AtomSpec::new(Generation::Generic).smem_bytes(), 0);
         assert_eq!(AtomSpec::new(Generation::Generic).bytes_in_flight(), 8 * 16 * 512);
-        let bad = AtomParams { threads: 100, depth: 4, vecs: 2 };
+        let bad = AtomParams { threads: 100, depth: 4, vecs: 2, bulk: false };
         assert!(AtomSpec::with_params(Generation::Ampere, bad).is_err());
-        let huge = AtomParams { threads: 1024, depth: 16, vecs: 8 };
+        let huge = AtomParams { threads: 1024, depth: 16, vecs: 8, bulk: false };
         assert!(AtomSpec::with_params(Generation::Hopper, huge).is_err());
-        let one_stage = AtomParams { threads: 256, depth: 1, vecs: 2 };
+        let one_stage = AtomParams { threads: 256, depth: 1, vecs: 2, bulk: false };
         assert!(AtomSpec::with_params(Generation::Hopper, one_stage).is_err());
+        let bulk = AtomParams { bulk: true, ..AtomParams::default_for(Generation::Ampere) };
+        assert!(AtomSpec::with_params(Generation::Ampere, bulk).is_err());
+        let bulk = AtomSpec::with_params(Generation::Hopper, AtomParams { bulk: true, ..spec.params }).unwrap();
+        assert!(bulk.config_header().contains("PURLIN_ATOM_BULK 1") && bulk.label().ends_with("-bulk"));
         let h = spec.headers();
         for name in ["atom.cuh", "atom_impl.cuh", "atom_config.cuh", "atom_common.cuh"] {
             assert!(h.iter().any(|(n, _)| n == name), "{name} missing");

@@ -26,6 +26,8 @@ pub const ATOM_API: &str = include_str!("../../../kernels/atom/atom_api.cuh");
 pub const ENGINE_REGS: &str = include_str!("../../../kernels/atom/engine_regs.cuh");
 /// The `cp.async` pipeline engine (Ampere and newer).
 pub const ENGINE_CP_ASYNC: &str = include_str!("../../../kernels/atom/engine_cp_async.cuh");
+/// The bulk-copy (TMA) engine (opt-in on Hopper and Blackwell).
+pub const ENGINE_BULK: &str = include_str!("../../../kernels/atom/engine_bulk.cuh");
 /// The standalone whole-grid kernels of [`crate::DeviceAtom`].
 pub const STANDALONE_CU: &str = include_str!("../../../kernels/atom/standalone.cu");
 
@@ -48,6 +50,7 @@ pub(crate) fn shared_headers() -> Vec<(String, String)> {
         ("atom_api.cuh", ATOM_API),
         ("engine_regs.cuh", ENGINE_REGS),
         ("engine_cp_async.cuh", ENGINE_CP_ASYNC),
+        ("engine_bulk.cuh", ENGINE_BULK),
     ]
     .into_iter()
     .map(|(n, t)| (n.to_string(), t.to_string()))

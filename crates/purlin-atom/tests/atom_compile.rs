@@ -36,6 +36,13 @@ fn every_atom_compiles_to_cubin_for_sm75_sm80_sm90_sm100() {
     }
     // 9 (generation, arch) pairs × (copy + 7 element types), plus 4 generic units on sm_75.
     assert_eq!(jobs.len(), 9 * 8 + 4);
+    // The opt-in bulk-copy (TMA) engine: its copy unit and one reduce unit, sm_90 and sm_100.
+    for (generation, arch) in [(Generation::Hopper, Arch::SM90), (Generation::Blackwell, Arch::SM100)] {
+        let params = AtomParams { bulk: true, ..AtomParams::default_for(generation) };
+        let spec = AtomSpec::with_params(generation, params).unwrap();
+        jobs.push((sources::standalone_unit(&spec, None), arch));
+        jobs.push((sources::standalone_unit(&spec, Some(purlin_atom::DType::BF16)), arch));
+    }
     let started = std::time::Instant::now();
     let compiled = cache.get_or_compile_all(&jobs, workers()).unwrap_or_else(|e| panic!("{e}"));
     for ((unit, arch), k) in jobs.iter().zip(&compiled) {
@@ -81,7 +88,7 @@ fn header_constants_match_the_rust_side() {
         jobs.push((contract_unit(&spec, no_config), arch));
         jobs.push((contract_unit(&spec, spec.headers()), arch));
         // A non-default sizing travels through the generated config.
-        let params = AtomParams { threads: 256, depth: 3, vecs: 4 };
+        let params = AtomParams { threads: 256, depth: 3, vecs: 4, bulk: false };
         let custom = AtomSpec::with_params(generation, params).unwrap();
         jobs.push((contract_unit(&custom, custom.headers()), arch));
     }

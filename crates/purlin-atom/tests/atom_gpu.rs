@@ -435,3 +435,58 @@ fn gpu_safe_api_on_cudarc_buffers_local_and_peer() {
         println!("ATOM-GPU safe API: local reduce OK (one GPU: peer part skipped)");
     }
 }
+
+#[test]
+#[ignore = "needs a GPU (run in a GPU round)"]
+fn gpu_bulk_copy_engine_variant_matches() {
+    // The opt-in bulk-copy (TMA) engine of the Hopper Atom, apart from the main tests so a
+    // fault here cannot hide their results. Sizes cross chunk boundaries (16 KiB chunks at
+    // 512 threads x 2 vectors) and leave heads and tails.
+    let g = gpus();
+    let arch = purlin_atom::device::arch_of(&g.ctxs[0]).expect("arch");
+    if !Generation::Hopper.runs_on(arch) {
+        println!("ATOM-GPU bulk: skipped ({arch} has no bulk-copy engine)");
+        return;
+    }
+    let stream = g.ctxs[0].default_stream();
+    let mut rng = Rng::new(0x5eed_0005);
+    let mut failures = Failures::default();
+    let mut cases = 0;
+    const MAX: usize = (4 << 20) + 77;
+    for (threads, depth, vecs) in [(512u32, 5u32, 2u32), (256, 2, 1), (512, 3, 8)] {
+        let params = purlin_atom::AtomParams { threads, depth, vecs, bulk: true };
+        let spec = AtomSpec::with_params(Generation::Hopper, params).expect("spec");
+        let atom = DeviceAtom::with_spec(&g.ctxs[0], spec, &g.cache).expect("atom");
+        for (sp, dp) in placements(&g) {
+            let ctx_of = |p: Place| if p == Place::Local { &g.ctxs[0] } else { &g.ctxs[1] };
+            let src_host = rng.bytes(MAX + GUARD);
+            let src = buffer(ctx_of(sp), MAX + GUARD);
+            src.upload(0, &src_host).expect("upload");
+            let dst = buffer(ctx_of(dp), MAX + 2 * GUARD);
+            for &size in &[16usize, 1000, 16 * 1024, 16 * 1024 + 16, 100_000, 1_000_003, MAX - 3] {
+                for &(so, doff, blocks) in &[(0usize, 0usize, 1u32), (3, 3, 5), (0, 0, 16), (16, 32, 64)] {
+                    dst.fill(POISON).expect("poison");
+                    let d = GUARD + doff;
+                    // SAFETY: both ranges lie inside their buffers; peer access is enabled.
+                    unsafe { atom.copy_raw(&stream, dst.ptr() + d as u64, src.ptr() + so as u64, size, blocks) }
+                        .expect("copy");
+                    stream.synchronize().expect("sync");
+                    let got = dst.download(d - GUARD, size + 2 * GUARD).expect("download");
+                    let ok = got[..GUARD].iter().all(|&b| b == POISON)
+                        && got[GUARD + size..].iter().all(|&b| b == POISON)
+                        && got[GUARD..GUARD + size] == src_host[so..so + size];
+                    failures.check(ok, || {
+                        format!(
+                            "{} copy {sp:?}->{dp:?} size {size} offsets ({so},{doff}) blocks {blocks}",
+                            spec.label()
+                        )
+                    });
+                    cases += 1;
+                }
+            }
+        }
+        println!("ATOM-GPU bulk {}: done ({} failures so far)", spec.label(), failures.count);
+    }
+    println!("ATOM-GPU bulk: {cases} cases, {} failures", failures.count);
+    failures.finish("bulk copy");
+}
