@@ -34,6 +34,8 @@ pub struct Args {
     pub quick: bool,
     /// `--help` was given.
     pub help: bool,
+    /// Run the calibration probe (one process, at least 2 GPUs) before the sweep.
+    pub probe: bool,
 }
 
 /// `--help`.
@@ -64,6 +66,7 @@ usage: purlin-bench [options]          one process, one thread per GPU
   --timeout SECS     bound on every wait (a stuck peer stops the run)  [120]
   --seed N           input seed                                        [1]
   --out DIR          write results.csv, results.json, table.txt, plot-*.png
+  --no-probe         skip the calibration probe (one process: copy-engine GPU0<->GPU1)
   --quick            8 B..64 MiB x4 steps, warmup 2, iters 10, runs <= 10, budget 0.1 s
                      (flags after --quick override it)
 
@@ -113,8 +116,15 @@ fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T> {
 
 /// Parses the arguments (without the program name).
 pub fn parse(args: &[String]) -> Result<Args> {
-    let mut a =
-        Args { config: default_config(), launcher: Launcher::Auto, world: None, out: None, quick: false, help: false };
+    let mut a = Args {
+        config: default_config(),
+        launcher: Launcher::Auto,
+        world: None,
+        out: None,
+        quick: false,
+        help: false,
+        probe: true,
+    };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let (flag, inline) = match flag.split_once('=') {
@@ -124,6 +134,10 @@ pub fn parse(args: &[String]) -> Result<Args> {
         if flag == "--quick" {
             a.quick = true;
             apply_quick(&mut a.config);
+            continue;
+        }
+        if flag == "--no-probe" {
+            a.probe = false;
             continue;
         }
         if flag == "--help" || flag == "-h" {

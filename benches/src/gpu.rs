@@ -180,3 +180,54 @@ impl Drop for DeviceBuffer {
         let _ = unsafe { result::free_sync(self.ptr) };
     }
 }
+
+/// The calibration probe (one process, GPUs 0 and 1): copy-engine bandwidth between the two
+/// GPUs, one direction and both directions at once (per direction), 256 MiB copies. These are
+/// the limits a world-2 collective's busbw is judged against (DEVICE.md: both directions).
+pub fn probe_copy_engine(a: &Gpu, b: &Gpu) -> Result<Vec<String>> {
+    const BYTES: usize = 256 << 20;
+    const REPS: usize = 5;
+    for (x, y) in [(a, b), (b, a)] {
+        x.bind()?;
+        // SAFETY: enables access from x's (bound) context to y's; "already enabled" is fine.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(y.ctx.cu_ctx(), 0) };
+        if r != CUresult::CUDA_SUCCESS && r != CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            bail!("peer access GPU {} -> GPU {}: {r:?}", x.ordinal, y.ordinal);
+        }
+    }
+    let (src_a, dst_a) = (DeviceBuffer::new(a, BYTES)?, DeviceBuffer::new(a, BYTES)?);
+    let (src_b, dst_b) = (DeviceBuffer::new(b, BYTES)?, DeviceBuffer::new(b, BYTES)?);
+    let copy = |g: &Gpu, dst: u64, src: u64| -> Result<()> {
+        g.bind()?;
+        // SAFETY: both are live 256 MiB allocations; peer access is enabled both ways; the
+        // stream is synchronized before the buffers are dropped.
+        unsafe { result::memcpy_dtod_async(dst, src, BYTES, g.cu_stream()) }.context("peer copy")
+    };
+    let wait = |g: &Gpu| -> Result<()> {
+        g.bind()?;
+        g.stream.synchronize().context("synchronize the probe")
+    };
+    // Warm up both directions.
+    copy(a, dst_b.ptr, src_a.ptr)?;
+    copy(b, dst_a.ptr, src_b.ptr)?;
+    wait(a)?;
+    wait(b)?;
+    let t0 = Instant::now();
+    for _ in 0..REPS {
+        copy(a, dst_b.ptr, src_a.ptr)?;
+    }
+    wait(a)?;
+    let one = (REPS * BYTES) as f64 / t0.elapsed().as_secs_f64() / 1e9;
+    let t0 = Instant::now();
+    for _ in 0..REPS {
+        copy(a, dst_b.ptr, src_a.ptr)?;
+        copy(b, dst_a.ptr, src_b.ptr)?;
+    }
+    wait(a)?;
+    wait(b)?;
+    let both = (REPS * BYTES) as f64 / t0.elapsed().as_secs_f64() / 1e9;
+    Ok(vec![format!(
+        "copy engine GPU{}<->GPU{} (256 MiB): one direction {one:.1} GB/s; both directions at once {both:.1} GB/s per direction",
+        a.ordinal, b.ordinal
+    )])
+}

@@ -42,6 +42,8 @@ pub struct Meta {
     pub error: Option<String>,
     /// Notes (e.g. "no GPU").
     pub notes: Vec<String>,
+    /// The calibration probe's limits, measured in the same run.
+    pub limits: Vec<String>,
     /// The configuration.
     pub config: Option<Config>,
     /// The topology as purlin-topo probed it (JSON), where it could.
@@ -127,6 +129,9 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
     );
     if let Some(g) = meta.gpus.first() {
         let _ = writeln!(s, "# GPUs: {} x {g}  driver {}", meta.gpus.len(), meta.driver.as_deref().unwrap_or("?"));
+    }
+    for l in &meta.limits {
+        let _ = writeln!(s, "# limits: {l}");
     }
     for b in &meta.backends {
         if let Some(why) = b.status.reason() {
@@ -357,6 +362,7 @@ pub(crate) mod tests {
             }],
             error: None,
             notes: vec![],
+            limits: vec!["copy engine: 390 GB/s".into()],
             config: None,
             topology: None,
         }

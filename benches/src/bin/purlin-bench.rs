@@ -82,6 +82,7 @@ fn run(args: Args) -> Result<ExitCode> {
         backends: Vec::new(),
         error: None,
         notes: Vec::new(),
+        limits: Vec::new(),
         config: Some(args.config.clone()),
         topology: None,
     };
