@@ -82,5 +82,97 @@ __device__ __forceinline__ Packet16 ld_packet16_sys(const Packet16* p) {
   return v;
 }
 
+// An 8-byte packet (NCCL's LL shape): 4 bytes of data and a 4-byte flag in one 8-byte
+// store. The flag carries the low 32 bits of the epoch-derived value.
+struct Packet8 {
+  unsigned int data;
+  unsigned int flag;
+};
+
+__device__ __forceinline__ void st_packet8_sys(Packet8* p, unsigned int data, unsigned int flag) {
+  asm volatile("st.relaxed.sys.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(data), "r"(flag) : "memory");
+}
+
+__device__ __forceinline__ Packet8 ld_packet8_sys(const Packet8* p) {
+  Packet8 v;
+  asm volatile("ld.relaxed.sys.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.data), "=r"(v.flag) : "l"(p) : "memory");
+  return v;
+}
+
+// Outcome of a bounded wait.
+enum WaitResult { kWaitOk = 0, kWaitTimeout = 1, kWaitPoisoned = 2 };
+
+// How many polls pass between looks at the clock and at the poison word.
+constexpr unsigned int kPollsPerCheck = 64;
+
+// Waits (one thread) until *flag >= target. Gives up when `timeout_ns` has passed since
+// `start_ns` or when the communicator's poison word becomes nonzero (another block or
+// kernel already failed). Acquires on success.
+__device__ __forceinline__ WaitResult wait_geq_bounded(const u64* flag, u64 target, const u64* poison, u64 start_ns,
+                                                      u64 timeout_ns) {
+  unsigned int polls = 0;
+  while (ld_relaxed_sys(flag) < target) {
+    if (++polls % kPollsPerCheck == 0) {
+      if (ld_relaxed_sys(poison) != 0) return kWaitPoisoned;
+      if (now_ns() - start_ns > timeout_ns) return kWaitTimeout;
+    }
+  }
+  (void)ld_acquire_sys(flag);
+  return kWaitOk;
+}
+
+// Polls one packet until its flag equals `expect` (low 32 bits for 8-byte packets); the
+// data arrives in the same load, so no acquire is needed. Bounded like wait_geq_bounded.
+__device__ __forceinline__ WaitResult poll_packet16(const Packet16* p, u64 expect, const u64* poison, u64 start_ns,
+                                                    u64 timeout_ns, u64* data) {
+  unsigned int polls = 0;
+  Packet16 v = ld_packet16_sys(p);
+  while (v.flag != expect) {
+    if (++polls % kPollsPerCheck == 0) {
+      if (ld_relaxed_sys(poison) != 0) return kWaitPoisoned;
+      if (now_ns() - start_ns > timeout_ns) return kWaitTimeout;
+    }
+    v = ld_packet16_sys(p);
+  }
+  *data = v.data;
+  return kWaitOk;
+}
+
+__device__ __forceinline__ WaitResult poll_packet8(const Packet8* p, u64 expect, const u64* poison, u64 start_ns,
+                                                   u64 timeout_ns, u64* data) {
+  unsigned int polls = 0;
+  const unsigned int want = (unsigned int)expect;
+  Packet8 v = ld_packet8_sys(p);
+  while (v.flag != want) {
+    if (++polls % kPollsPerCheck == 0) {
+      if (ld_relaxed_sys(poison) != 0) return kWaitPoisoned;
+      if (now_ns() - start_ns > timeout_ns) return kWaitTimeout;
+    }
+    v = ld_packet8_sys(p);
+  }
+  *data = v.data;
+  return kWaitOk;
+}
+
+// Publishes this block's completed writes (after a block barrier) and sets flag words of
+// peers: one system-scope fence for all of them, then relaxed stores (DESIGN.md §3.6).
+__device__ __forceinline__ void publish_fence() { fence_acq_rel_sys(); }
+
+// Marks the communicator poisoned and records why: control[1] = peer + 1 (0: unknown),
+// control[2] = epoch, control[3] = block, control[4] = step record, control[5] = chunk.
+// The record is written before the poison word, so a host that sees the word sees it.
+__device__ __forceinline__ void poison_with(u64* control, u64 peer_plus_one, u64 epoch, u64 block, u64 step,
+                                            u64 chunk) {
+  st_relaxed_sys(&control[1], peer_plus_one);
+  st_relaxed_sys(&control[2], epoch);
+  st_relaxed_sys(&control[3], block);
+  st_relaxed_sys(&control[4], step);
+  st_relaxed_sys(&control[5], chunk);
+  fence_acq_rel_sys();
+  st_relaxed_sys(&control[0], 1);
+}
+
+__device__ __forceinline__ bool poisoned(const u64* control) { return ld_relaxed_sys(control) != 0; }
+
 }  // namespace sync
 }  // namespace purlin

@@ -156,10 +156,20 @@ fn gpu_round(args: &[String]) -> Result<()> {
     let cache = purlin_atom::KernelCache::new(out.join("kernel-cache"));
     // SAFETY: set_var before any thread of this process reads the environment.
     unsafe { std::env::set_var(purlin_atom::nvrtc::NVRTC_DIR_ENV, &nvrtc) };
-    for unit in purlin_collectives::kernels::all_units() {
-        let k = cache.get_or_compile(&unit, purlin_atom::Arch::SM90)?;
-        eprintln!("kernel cache: {}", k.key);
+    let mut jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
+        .into_iter()
+        .map(|unit| (unit, purlin_atom::Arch::SM90))
+        .collect();
+    // The Atom's standalone kernels of every generation selectable on Hopper (its GPU tests
+    // and atom_bench run them all).
+    for generation in purlin_atom::Generation::selectable_on(purlin_atom::Arch::SM90) {
+        for unit in purlin_atom::sources::standalone_units(&purlin_atom::AtomSpec::new(generation)) {
+            jobs.push((unit, purlin_atom::Arch::SM90));
+        }
     }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let compiled = cache.get_or_compile_all(&jobs, threads)?;
+    eprintln!("kernel cache: {} sm_90 kernels in {}", compiled.len(), cache.dir().display());
 
     let calibration = root.join("../shared/calibration");
     if calibration.is_dir() {

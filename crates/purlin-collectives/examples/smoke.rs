@@ -8,10 +8,15 @@ fn main() -> anyhow::Result<()> {
     let cache = KernelCache::default_location();
     if purlin_topo::device_count() == 0 {
         println!("no CUDA GPU here: compiling the executor kernels for sm_90 with NVRTC only");
-        for unit in purlin_collectives::kernels::all_units() {
-            let k = cache.get_or_compile(&unit, Arch::SM90)?;
-            println!("  {} ({} bytes of CUBIN, cached in {})", k.key, k.cubin.len(), cache.dir().display());
+        let jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
+            .into_iter()
+            .map(|unit| (unit, Arch::SM90))
+            .collect();
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        for k in cache.get_or_compile_all(&jobs, threads)? {
+            println!("  {} ({} bytes of CUBIN)", k.key, k.cubin.len());
         }
+        println!("cached in {}", cache.dir().display());
         return Ok(());
     }
     let report = purlin_collectives::smoke::run(&cache)?;

@@ -1,7 +1,7 @@
 //! The executor's CUDA sources (`kernels/snac/`) and the translation units the runtime
 //! can ask NVRTC for. `cargo xtask gpu-round` prebuilds exactly these; CI compiles them.
 
-use purlin_atom::TranslationUnit;
+use purlin_atom::{AtomSpec, DType, Generation, TranslationUnit};
 
 /// The memory-ordering primitives of the protocol (DESIGN.md §3.6).
 pub const SYNC_CUH: &str = include_str!("../../../kernels/snac/sync.cuh");
@@ -10,6 +10,115 @@ pub const SMOKE_CU: &str = include_str!("../../../kernels/snac/smoke.cu");
 
 /// The torn-packet stress test (latency regime's 16-byte packets).
 pub const PACKET_STRESS_CU: &str = include_str!("../../../kernels/snac/packet_stress.cu");
+
+/// The CUDA side of the parameter block's header (checked against purlin-snac's layout).
+pub const PARAMS_CUH: &str = include_str!("../../../kernels/snac/params.cuh");
+/// The device executor: interprets a SNAC plan, one kernel per call.
+pub const EXECUTOR_CU: &str = include_str!("../../../kernels/snac/executor.cu");
+
+/// The reduction an executor kernel is compiled for (gathers use [`ExecOp::Copy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ExecOp {
+    /// No reduction (AllGather, AllToAll and their V forms): the key is dtype-agnostic.
+    Copy,
+    /// Sum.
+    Sum,
+    /// Product.
+    Prod,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Sum, then divided by the world size.
+    Avg,
+}
+
+impl ExecOp {
+    /// Every reduction a kernel may be compiled for.
+    pub const REDUCTIONS: [ExecOp; 5] = [ExecOp::Sum, ExecOp::Prod, ExecOp::Min, ExecOp::Max, ExecOp::Avg];
+
+    fn atom_op(self) -> &'static str {
+        match self {
+            ExecOp::Copy | ExecOp::Sum | ExecOp::Avg => "Sum",
+            ExecOp::Prod => "Prod",
+            ExecOp::Min => "Min",
+            ExecOp::Max => "Max",
+        }
+    }
+}
+
+/// Parameter-block capacity (u64 words) of every executor kernel: 16 KiB, inside the
+/// 32 KiB kernel-parameter limit beside [`EXEC_RUNTIME_BYTES`].
+pub const EXEC_PARAM_WORDS: usize = 2048;
+/// Size of the executor's `Runtime` kernel parameter (`kernels/snac/executor.cu`).
+pub const EXEC_RUNTIME_BYTES: usize = 8 * (2 + 3 * 16 + 6);
+
+/// The compile-time part of an executor kernel (the kernel key's datapath half; the plan
+/// itself is interpreted from the parameter block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExecKey {
+    /// The Atom build it runs on.
+    pub atom: AtomSpec,
+    /// Element type (ignored by [`ExecOp::Copy`] kernels, which use u32).
+    pub dtype: DType,
+    /// The reduction.
+    pub op: ExecOp,
+    /// Bytes per packet of the latency regime: 8 (4 + 4) or 16 (8 + 8).
+    pub packet_bytes: u32,
+}
+
+impl ExecKey {
+    /// The key normalised so that copy kernels of every dtype share one binary.
+    pub fn normalized(mut self) -> Self {
+        if self.op == ExecOp::Copy {
+            self.dtype = DType::U32;
+        }
+        self
+    }
+
+    /// The translation unit NVRTC compiles for this key.
+    pub fn unit(&self) -> TranslationUnit {
+        let k = self.normalized();
+        let mut headers = k.atom.headers();
+        headers.push(("sync.cuh".into(), SYNC_CUH.into()));
+        headers.push(("params.cuh".into(), PARAMS_CUH.into()));
+        TranslationUnit {
+            name: format!("purlin_exec_{}_{}_{:?}_p{}", k.atom.label(), k.dtype.cuda_tag(), k.op, k.packet_bytes)
+                .to_lowercase(),
+            source: EXECUTOR_CU.into(),
+            headers,
+            options: vec![
+                format!("-DPURLIN_T={}", k.dtype.cuda_tag()),
+                format!("-DPURLIN_OP={}", k.op.atom_op()),
+                format!("-DPURLIN_AVG={}", u32::from(k.op == ExecOp::Avg)),
+                format!("-DPURLIN_PACKET={}", k.packet_bytes),
+                format!("-DPURLIN_PARAM_WORDS={EXEC_PARAM_WORDS}"),
+            ],
+        }
+    }
+}
+
+/// The packet size the runtime uses on a generation: 16-byte packets on Hopper and later
+/// only once the torn-packet stress test found none (PERFORMANCE.md); 8 bytes otherwise.
+pub fn packet_bytes_for(generation: Generation) -> u32 {
+    match generation {
+        Generation::Generic | Generation::Ampere => 8,
+        Generation::Hopper | Generation::Blackwell => 8,
+    }
+}
+
+/// Every executor key the runtime can request for one Atom build: one copy kernel and
+/// each dtype × reduction.
+pub fn executor_keys(atom: AtomSpec) -> Vec<ExecKey> {
+    let packet_bytes = packet_bytes_for(atom.generation);
+    let mut keys = vec![ExecKey { atom, dtype: DType::U32, op: ExecOp::Copy, packet_bytes }];
+    for dtype in DType::ALL {
+        for op in ExecOp::REDUCTIONS {
+            keys.push(ExecKey { atom, dtype, op, packet_bytes });
+        }
+    }
+    keys
+}
 
 /// The smoke-test translation unit.
 pub fn smoke_unit() -> TranslationUnit {
@@ -31,7 +140,10 @@ pub fn packet_stress_unit() -> TranslationUnit {
     }
 }
 
-/// Every translation unit the runtime can request, for prebuilding and compile checks.
-pub fn all_units() -> Vec<TranslationUnit> {
-    vec![smoke_unit(), packet_stress_unit()]
+/// Every translation unit the runtime can request on `generation` at its default sizing,
+/// for prebuilding (`cargo xtask gpu-round`) and the CI compile checks.
+pub fn all_units(generation: Generation) -> Vec<TranslationUnit> {
+    let mut units = vec![smoke_unit(), packet_stress_unit()];
+    units.extend(executor_keys(AtomSpec::new(generation)).iter().map(ExecKey::unit));
+    units
 }

@@ -11,6 +11,7 @@ pub mod comm;
 pub mod device;
 pub mod error;
 pub mod host;
+pub mod host_exec;
 pub mod id;
 pub mod kernels;
 pub mod nccl;

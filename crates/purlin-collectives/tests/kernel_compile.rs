@@ -1,20 +1,73 @@
-//! NVRTC compile checks of every executor translation unit, for each architecture the
-//! runtime supports. These need libnvrtc (not a GPU) and fail, never skip, without it:
-//! `cargo xtask test` installs the pinned NVRTC wheel first.
+//! NVRTC compile checks of every translation unit the runtime can request, for the
+//! architectures it supports (sm_80 → Ampere Atom, sm_90 → Hopper, sm_100 → Blackwell).
+//! These need libnvrtc (not a GPU) and fail, never skip, without it: `cargo xtask test`
+//! installs the pinned NVRTC wheel first.
 
-use purlin_atom::{Arch, nvrtc};
+use purlin_atom::{Arch, Generation, KernelCache, nvrtc};
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
 
 #[test]
-fn every_executor_unit_compiles_to_cubin() {
+fn every_runtime_unit_compiles_to_cubin() {
     let dir = nvrtc::load().expect("libnvrtc is required for the kernel compile checks (run `cargo xtask test`)");
     println!("NVRTC from {}", dir.display());
-    for unit in purlin_collectives::kernels::all_units() {
-        for arch in [Arch::SM80, Arch::SM90, Arch::SM100] {
-            let cubin = nvrtc::compile_cubin(&unit, arch).unwrap_or_else(|e| panic!("{e}"));
-            // An ELF image: CUBIN, not PTX.
-            assert_eq!(&cubin[..4], b"\x7fELF", "{} for {arch} is not a CUBIN", unit.name);
+    // A fresh cache: this test must compile, not find old CUBINs.
+    let cache_dir = std::env::temp_dir().join(format!("purlin-compile-check-{}", std::process::id()));
+    let cache = KernelCache::new(&cache_dir);
+    let mut jobs = Vec::new();
+    for (arch, generation) in
+        [(Arch::SM80, Generation::Ampere), (Arch::SM90, Generation::Hopper), (Arch::SM100, Generation::Blackwell)]
+    {
+        for unit in purlin_collectives::kernels::all_units(generation) {
+            jobs.push((unit, arch));
         }
     }
+    let compiled = cache.get_or_compile_all(&jobs, threads());
+    let _ = std::fs::remove_dir_all(&cache_dir);
+    let compiled = compiled.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(compiled.len(), jobs.len());
+    for (k, (unit, arch)) in compiled.iter().zip(&jobs) {
+        assert!(!k.from_cache, "{} came from a cache", unit.name);
+        // An ELF image: CUBIN, not PTX.
+        assert_eq!(&k.cubin[..4], b"\x7fELF", "{} for {arch} is not a CUBIN", unit.name);
+    }
+    println!("{} translation units compiled", jobs.len());
+}
+
+#[test]
+fn the_parameter_header_matches_purlin_snac() {
+    nvrtc::load().expect("libnvrtc is required");
+    // NVRTC has no offsetof; every field is a u64, so the layout is the field order: a
+    // constant whose fields hold their Rust byte offset / 8, in the CUDA struct's order,
+    // must read back each field's Rust offset (and the sizes must agree: no extra fields).
+    let fields = purlin_snac::params::header_fields();
+    let values: Vec<String> = (0..fields.len()).map(|i| (i * 8).to_string()).collect();
+    let mut asserts = format!(
+        "#include \"params.cuh\"\nusing purlin::snac::ParamHeader;\nconstexpr ParamHeader probe{{{}}};\n",
+        values.join(", ")
+    );
+    for (name, offset) in &fields {
+        asserts += &format!("static_assert(probe.{name} == {offset}, \"ParamHeader::{name} is at byte {offset}\");\n");
+    }
+    asserts +=
+        &format!("static_assert(sizeof(ParamHeader) == {}, \"header size\");\n", purlin_snac::params::HEADER_WORDS * 8);
+    asserts += &format!("static_assert(purlin::snac::kParamMagic == {}ull, \"magic\");\n", purlin_snac::params::MAGIC);
+    asserts +=
+        &format!("static_assert(purlin::snac::kParamVersion == {}ull, \"version\");\n", purlin_snac::params::VERSION);
+    let unit = purlin_atom::TranslationUnit {
+        name: "params_layout".into(),
+        source: asserts.clone(),
+        headers: vec![("params.cuh".into(), purlin_collectives::kernels::PARAMS_CUH.into())],
+        options: vec![],
+    };
+    nvrtc::compile_cubin(&unit, Arch::SM90).unwrap_or_else(|e| panic!("{e}"));
+    // And the check is not vacuous: a shifted offset must fail to compile.
+    let broken =
+        purlin_atom::TranslationUnit { source: asserts.replace("probe.grid == 32", "probe.grid == 40"), ..unit };
+    assert_ne!(broken.source, asserts, "the planted error must change the source");
+    assert!(nvrtc::compile_cubin(&broken, Arch::SM90).is_err());
 }
 
 #[test]

@@ -1,0 +1,677 @@
+//! The host executor: runs SNAC plans on CPU threads with the host Atom.
+//!
+//! The same plans the device executor runs (the contract in purlin-snac's crate docs), on
+//! memory in this process: one thread per block of a rank's plan, so every block is
+//! co-resident by construction. Waits *block* on a condition variable instead of spinning
+//! (a CI machine has two cores), and every wait is bounded by the world's timeout.
+//!
+//! Ordering: flags, counters, epochs and packet words are atomics; a signal is a release
+//! store, a wait an acquire load, so staged bytes written before a signal are visible after
+//! the matching wait. Staged bytes themselves are plain memory reached through raw pointers:
+//! the plan's happens-before edges (proved by the verifier) are what keep them race-free.
+//! x86's strong ordering hides executor ordering bugs, so a green host run proves the plan,
+//! not the device kernel.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use purlin_atom::DType;
+use purlin_atom::host::{HostSrc, decode_bits, encode_bits, reduce_bytes_with};
+use purlin_snac::{
+    Advance, EpochVal, Len, Notify, NotifyKind, Offset, PacketFormat, Plan, ReduceOp, Region, Space, Step,
+};
+
+use crate::error::Error;
+
+/// Plain bytes that several threads reach through raw pointers (staging).
+struct SharedBytes {
+    words: Box<[UnsafeCell<u64>]>,
+    len: usize,
+}
+
+// SAFETY: the bytes are only reached through raw pointers in steps the plan orders by
+// flag/counter atomics (release/acquire); the verifier proves those orders race-free.
+unsafe impl Sync for SharedBytes {}
+
+impl SharedBytes {
+    fn zeroed(len: usize) -> Self {
+        Self { words: (0..len.div_ceil(8)).map(|_| UnsafeCell::new(0)).collect(), len }
+    }
+    fn ptr(&self) -> *mut u8 {
+        // UnsafeCell<u64> has the layout of u64; the slice is contiguous.
+        self.words.as_ptr() as *mut u8
+    }
+}
+
+fn atomics(n: usize) -> Box<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+/// Sizes of each rank's host memory (the host twin of the symmetric workspace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostMemoryConfig {
+    /// Staging bytes per rank.
+    pub staging_bytes: usize,
+    /// Packet-window payload bytes per rank.
+    pub window_bytes: usize,
+    /// Flag words per rank.
+    pub flag_words: usize,
+    /// Arrival counters per rank.
+    pub counter_words: usize,
+    /// Per-block epochs per rank (the most blocks a plan may use).
+    pub epoch_words: usize,
+}
+
+impl Default for HostMemoryConfig {
+    fn default() -> Self {
+        Self { staging_bytes: 4 << 20, window_bytes: 1 << 20, flag_words: 4096, counter_words: 1024, epoch_words: 64 }
+    }
+}
+
+/// One rank's memory.
+struct RankMemory {
+    staging: SharedBytes,
+    /// Packet words: 8-byte packets take one word (data low, flag high), 16-byte packets two
+    /// (data, then flag).
+    window: Box<[AtomicU64]>,
+    flags: Box<[AtomicU64]>,
+    counters: Box<[AtomicU64]>,
+    epochs: Box<[AtomicU64]>,
+}
+
+/// The memory of every rank of a host world, and what its waits block on.
+pub struct HostWorld {
+    config: HostMemoryConfig,
+    ranks: Vec<RankMemory>,
+    wake: (Mutex<u64>, Condvar),
+    poisoned: AtomicBool,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for HostWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostWorld")
+            .field("world", &self.ranks.len())
+            .field("config", &self.config)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// The buffers of one call on one rank.
+#[derive(Debug, Clone, Copy)]
+pub struct CallBuffers {
+    /// Input bytes (for in-place calls: inside the output, per the plan's alias).
+    pub input: *const u8,
+    /// Input length in bytes.
+    pub input_len: usize,
+    /// Output bytes.
+    pub output: *mut u8,
+    /// Output length in bytes.
+    pub output_len: usize,
+}
+
+// SAFETY: the pointers are the caller's buffers, which outlive the call (`execute` joins
+// every block thread before returning); blocks write disjoint output ranges per the plan.
+unsafe impl Send for CallBuffers {}
+// SAFETY: as above.
+unsafe impl Sync for CallBuffers {}
+
+/// One (block, step, chunk, epoch) record of an executed step, for trace comparisons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TraceEntry {
+    /// Block index.
+    pub block: u32,
+    /// Top-level step index.
+    pub step: u32,
+    /// Index inside the chunk loop's body, if the step is in one.
+    pub body: Option<u32>,
+    /// Chunk index (0 outside loops).
+    pub chunk: u64,
+    /// The block's epoch at entry.
+    pub epoch: u64,
+}
+
+impl HostWorld {
+    /// Memory for `world` ranks, every wait bounded by `timeout`.
+    pub fn new(world: usize, config: HostMemoryConfig, timeout: Duration) -> Self {
+        let packet_words = config.window_bytes.div_ceil(4) * 2; // enough for either packet size
+        let ranks = (0..world)
+            .map(|_| RankMemory {
+                staging: SharedBytes::zeroed(config.staging_bytes),
+                window: atomics(packet_words),
+                flags: atomics(config.flag_words),
+                counters: atomics(config.counter_words),
+                epochs: atomics(config.epoch_words),
+            })
+            .collect();
+        Self { config, ranks, wake: (Mutex::new(0), Condvar::new()), poisoned: AtomicBool::new(false), timeout }
+    }
+
+    /// The number of ranks.
+    pub fn world(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The memory sizes.
+    pub fn config(&self) -> HostMemoryConfig {
+        self.config
+    }
+
+    /// Whether a wait of some rank expired (every later call fails at once).
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// The epoch of `rank`'s block `block` (all equal between calls).
+    pub fn epoch(&self, rank: usize, block: usize) -> u64 {
+        self.ranks[rank].epochs[block].load(Ordering::Acquire)
+    }
+
+    fn notify_all(&self) {
+        let mut generation = self.wake.0.lock().unwrap_or_else(|e| e.into_inner());
+        *generation = generation.wrapping_add(1);
+        self.wake.1.notify_all();
+    }
+
+    /// Blocks until `ready()` holds, or the deadline passes, or the world is poisoned.
+    fn wait_until(&self, deadline: Instant, mut ready: impl FnMut() -> bool) -> Result<(), WaitFailure> {
+        if ready() {
+            return Ok(());
+        }
+        let mut guard = self.wake.0.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            if self.is_poisoned() {
+                return Err(WaitFailure::Poisoned);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(WaitFailure::Timeout);
+            }
+            guard = self.wake.1.wait_timeout(guard, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Runs `plan` (one rank's) with `buffers`: one thread per block. Returns the trace
+    /// when `trace` is set.
+    pub fn execute(&self, plan: &Plan, buffers: CallBuffers, trace: bool) -> Result<Vec<TraceEntry>, Error> {
+        let rank = plan.rank as usize;
+        if self.is_poisoned() {
+            return Err(Error::Poisoned("an earlier host wait expired".into()));
+        }
+        self.check_fits(plan, &buffers)?;
+        let results: Vec<Result<Vec<TraceEntry>, Error>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..plan.blocks.len())
+                .map(|b| scope.spawn(move || BlockRun { world: self, plan, rank, block: b, buffers, trace }.run()))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Poisoned("a host executor thread panicked".into()))))
+                .collect()
+        });
+        let mut entries = Vec::new();
+        for r in results {
+            entries.extend(r?);
+        }
+        Ok(entries)
+    }
+
+    fn check_fits(&self, plan: &Plan, b: &CallBuffers) -> Result<(), Error> {
+        let r = &plan.resources;
+        let c = &self.config;
+        let too_big = |what: &str, need: u64, have: usize| {
+            Error::InvalidArgument(format!("plan needs {need} {what}, the host world has {have}"))
+        };
+        if plan.rank as usize >= self.ranks.len() || plan.spec.world as usize != self.ranks.len() {
+            return Err(Error::InvalidArgument(format!(
+                "plan for rank {} of world {} on a host world of {}",
+                plan.rank,
+                plan.spec.world,
+                self.ranks.len()
+            )));
+        }
+        if r.staging_bytes > c.staging_bytes as u64 {
+            return Err(too_big("staging bytes", r.staging_bytes, c.staging_bytes));
+        }
+        if r.window_bytes > c.window_bytes as u64 {
+            return Err(too_big("window bytes", r.window_bytes, c.window_bytes));
+        }
+        if r.flag_words as usize > c.flag_words {
+            return Err(too_big("flag words", r.flag_words as u64, c.flag_words));
+        }
+        if r.counter_words as usize > c.counter_words {
+            return Err(too_big("counters", r.counter_words as u64, c.counter_words));
+        }
+        if r.epoch_words as usize > c.epoch_words || plan.blocks.len() > c.epoch_words {
+            return Err(too_big("epoch words", r.epoch_words.max(plan.blocks.len() as u32) as u64, c.epoch_words));
+        }
+        if (b.input_len as u64) < r.input_bytes || (b.output_len as u64) < r.output_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "buffers of {} / {} bytes for a plan of {} / {}",
+                b.input_len, b.output_len, r.input_bytes, r.output_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+enum WaitFailure {
+    Timeout,
+    Poisoned,
+}
+
+/// One block of one rank running its program.
+struct BlockRun<'a> {
+    world: &'a HostWorld,
+    plan: &'a Plan,
+    rank: usize,
+    block: usize,
+    buffers: CallBuffers,
+    trace: bool,
+}
+
+/// Where a step runs: for error messages.
+#[derive(Clone, Copy)]
+struct At {
+    step: usize,
+    body: Option<usize>,
+    chunk: u64,
+}
+
+impl BlockRun<'_> {
+    fn me(&self) -> &RankMemory {
+        &self.world.ranks[self.rank]
+    }
+
+    fn run(self) -> Result<Vec<TraceEntry>, Error> {
+        let epoch = self.me().epochs[self.block].load(Ordering::Acquire);
+        let sense = epoch & 1;
+        let mut agreed = 0u64;
+        let mut trace = Vec::new();
+        let steps = &self.plan.blocks[self.block].steps;
+        for (i, step) in steps.iter().enumerate() {
+            match step {
+                Step::ChunkLoop { trips, body } => {
+                    for c in 0..*trips {
+                        for (j, s) in body.iter().enumerate() {
+                            let at = At { step: i, body: Some(j), chunk: c };
+                            self.record(&mut trace, at, epoch);
+                            self.step(s, at, epoch, sense, &mut agreed)?;
+                        }
+                    }
+                }
+                s => {
+                    let at = At { step: i, body: None, chunk: 0 };
+                    self.record(&mut trace, at, epoch);
+                    self.step(s, at, epoch, sense, &mut agreed)?;
+                }
+            }
+        }
+        let advance = match self.plan.advance {
+            Advance::Fixed(a) => a,
+            Advance::AgreedMaxChunks { local } => local.max(agreed) | 1,
+        };
+        let grid = self.plan.blocks.len();
+        let epochs = &self.me().epochs;
+        for j in (self.block..self.plan.resources.epoch_words as usize).step_by(grid) {
+            epochs[j].store(epoch + advance, Ordering::Release);
+        }
+        Ok(trace)
+    }
+
+    fn record(&self, trace: &mut Vec<TraceEntry>, at: At, epoch: u64) {
+        if self.trace {
+            trace.push(TraceEntry {
+                block: self.block as u32,
+                step: at.step as u32,
+                body: at.body.map(|b| b as u32),
+                chunk: at.chunk,
+                epoch,
+            });
+        }
+    }
+
+    fn malformed(&self, at: At, what: String) -> Error {
+        Error::InvalidArgument(format!(
+            "rank {} block {} step {}{} chunk {}: {what}",
+            self.rank,
+            self.block,
+            at.step,
+            at.body.map(|b| format!(".{b}")).unwrap_or_default(),
+            at.chunk
+        ))
+    }
+
+    fn wait_failed(&self, f: WaitFailure, at: At, peer: Option<usize>, what: &str) -> Error {
+        match f {
+            WaitFailure::Poisoned => Error::Poisoned(format!("rank {}: another rank's wait expired", self.rank)),
+            WaitFailure::Timeout => {
+                self.world.poisoned.store(true, Ordering::Release);
+                self.world.notify_all();
+                let during = format!(
+                    "host executor, block {} step {}{} chunk {}: {what}",
+                    self.block,
+                    at.step,
+                    at.body.map(|b| format!(".{b}")).unwrap_or_default(),
+                    at.chunk
+                );
+                // The peer of a flag wait is whoever the plan says writes that flag; a plan for
+                // one rank does not say, so unknown peers are reported as the rank itself.
+                Error::Timeout { rank: self.rank, peer: peer.unwrap_or(self.rank), waited: self.world.timeout, during }
+            }
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.world.timeout
+    }
+
+    fn value(v: &EpochVal, epoch: u64, c: u64) -> Result<u64, String> {
+        v.eval(epoch, c).ok_or_else(|| format!("epoch value {v:?} is negative at epoch {epoch} chunk {c}"))
+    }
+
+    /// A data region's address (never a window) with `len` bytes checked in bounds.
+    fn ptr(&self, r: &Region, c: u64, sense: u64, len: u64) -> Result<*mut u8, String> {
+        let off = r.offset.at(c, sense);
+        let (base, size): (*mut u8, u64) = match r.space {
+            Space::Input => (self.buffers.input as *mut u8, self.buffers.input_len as u64),
+            Space::Output => (self.buffers.output, self.buffers.output_len as u64),
+            Space::Staging(p) => {
+                let m = self.world.ranks.get(p as usize).ok_or(format!("no rank {p}"))?;
+                (m.staging.ptr(), m.staging.len as u64)
+            }
+            Space::Window(_) => return Err("a window is not a data region".into()),
+        };
+        if off.checked_add(len).is_none_or(|end| end > size) {
+            return Err(format!("{:?} bytes {off}..{} out of bounds ({size})", r.space, off + len));
+        }
+        // SAFETY: off + len <= size, the length of the allocation `base` points to.
+        Ok(unsafe { base.add(off as usize) })
+    }
+
+    fn payload(&self) -> u64 {
+        self.plan.packet.payload()
+    }
+
+    /// The first packet index of a window region at chunk c, bounds-checked for `len` bytes.
+    fn packets(&self, rank: u32, off: &Offset, c: u64, sense: u64, len: u64) -> Result<(usize, usize), String> {
+        let p = self.payload();
+        let payload_off = off.at(c, sense);
+        if payload_off % p != 0 {
+            return Err(format!("window offset {payload_off} is not a multiple of the {p}-byte payload"));
+        }
+        let first = (payload_off / p) as usize;
+        let count = len.div_ceil(p) as usize;
+        let words_per = if self.plan.packet == PacketFormat::B8 { 1 } else { 2 };
+        let m = self.world.ranks.get(rank as usize).ok_or(format!("no rank {rank}"))?;
+        if (first + count) * words_per > m.window.len() {
+            return Err(format!("window packets {first}..{} of rank {rank} out of bounds", first + count));
+        }
+        Ok((first, count))
+    }
+
+    fn put_packet(&self, rank: u32, index: usize, data: u64, flag: u64) {
+        let w = &self.world.ranks[rank as usize].window;
+        match self.plan.packet {
+            PacketFormat::B8 => w[index].store((data & 0xffff_ffff) | (flag & 0xffff_ffff) << 32, Ordering::Release),
+            PacketFormat::B16 => {
+                w[2 * index].store(data, Ordering::Relaxed);
+                w[2 * index + 1].store(flag, Ordering::Release);
+            }
+        }
+    }
+
+    /// The packet's data if its flag equals `expect`.
+    fn read_packet(&self, index: usize, expect: u64) -> Option<u64> {
+        let w = &self.me().window;
+        match self.plan.packet {
+            PacketFormat::B8 => {
+                let v = w[index].load(Ordering::Acquire);
+                (v >> 32 == expect & 0xffff_ffff).then_some(v & 0xffff_ffff)
+            }
+            PacketFormat::B16 => {
+                (w[2 * index + 1].load(Ordering::Acquire) == expect).then(|| w[2 * index].load(Ordering::Relaxed))
+            }
+        }
+    }
+
+    /// Waits for `count` packets from `first` flagged `expect` and returns their payloads as
+    /// `len` bytes.
+    fn collect_packets(&self, first: usize, len: u64, expect: u64, at: At) -> Result<Vec<u8>, Error> {
+        let p = self.payload() as usize;
+        let mut out = vec![0u8; len.div_ceil(p as u64) as usize * p];
+        let deadline = self.deadline();
+        for (i, chunk) in out.chunks_exact_mut(p).enumerate() {
+            let mut data = 0;
+            self.world
+                .wait_until(deadline, || self.read_packet(first + i, expect).map(|d| data = d).is_some())
+                .map_err(|f| self.wait_failed(f, at, None, "packets"))?;
+            chunk.copy_from_slice(&data.to_le_bytes()[..p]);
+        }
+        out.truncate(len as usize);
+        Ok(out)
+    }
+
+    fn notify(&self, n: &Notify, epoch: u64, c: u64, at: At) -> Result<(), Error> {
+        let v = Self::value(&n.value, epoch, c).map_err(|e| self.malformed(at, e))?;
+        let flags =
+            &self.world.ranks.get(n.peer as usize).ok_or_else(|| self.malformed(at, "no such peer".into()))?.flags;
+        let idx = n.flag.at(c) as usize;
+        let flag = flags.get(idx).ok_or_else(|| self.malformed(at, format!("flag {idx} out of bounds")))?;
+        flag.store(v, Ordering::Release);
+        let _ = NotifyKind::Ready; // ready and drain notifications behave alike
+        Ok(())
+    }
+
+    fn step(&self, s: &Step, at: At, epoch: u64, sense: u64, agreed: &mut u64) -> Result<(), Error> {
+        let c = at.chunk;
+        if !s.guard().admits(c) {
+            return Ok(());
+        }
+        let bad = |e: String| self.malformed(at, e);
+        match s {
+            Step::ChunkLoop { .. } => return Err(bad("nested chunk loop".into())),
+            Step::Stage { dst, src, len, .. } | Step::Gather { dst, src, len, expect: None, .. } => {
+                let n = len.at(c);
+                if n == 0 {
+                    return Ok(());
+                }
+                let d = self.ptr(dst, c, sense, n).map_err(bad)?;
+                let s = self.ptr(src, c, sense, n).map_err(bad)?;
+                // SAFETY: both ranges are in bounds (checked); the plan orders this copy after
+                // the writes it reads and before any overwrite (verified); `copy` allows
+                // overlap, which only a malformed plan would create.
+                unsafe { std::ptr::copy(s, d, n as usize) };
+            }
+            Step::Gather { dst, src, len, expect: Some(v), .. } => {
+                let n = len.at(c);
+                if n == 0 {
+                    return Ok(());
+                }
+                let Space::Window(w) = src.space else { return Err(bad("packet gather from a non-window".into())) };
+                if w != self.plan.rank {
+                    return Err(bad("packets are read from this rank's own window".into()));
+                }
+                let (first, _) = self.packets(w, &src.offset, c, sense, n).map_err(bad)?;
+                let bytes = self.collect_packets(first, n, Self::value(v, epoch, c).map_err(bad)?, at)?;
+                let d = self.ptr(dst, c, sense, n).map_err(bad)?;
+                // SAFETY: `d` has n bytes in bounds; `bytes` is a separate buffer of n bytes.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), d, n as usize) };
+            }
+            Step::Reduce { dst, srcs, len, expect, .. } => {
+                self.reduce(dst, srcs, len, expect.as_ref(), at, epoch, sense)?
+            }
+            Step::PutPackets { dst, src, len, flag, .. } => {
+                let n = len.at(c);
+                if n == 0 {
+                    return Ok(());
+                }
+                let Space::Window(peer) = dst.space else { return Err(bad("packets go to a window".into())) };
+                let (first, count) = self.packets(peer, &dst.offset, c, sense, n).map_err(bad)?;
+                let s = self.ptr(src, c, sense, n).map_err(bad)?;
+                let f = Self::value(flag, epoch, c).map_err(bad)?;
+                let p = self.payload() as usize;
+                for i in 0..count {
+                    let mut word = [0u8; 8];
+                    let take = p.min(n as usize - i * p);
+                    // SAFETY: i * p + take <= n bytes of `s`, in bounds.
+                    unsafe { std::ptr::copy_nonoverlapping(s.add(i * p), word.as_mut_ptr(), take) };
+                    self.put_packet(peer, first + i, u64::from_le_bytes(word), f);
+                }
+                self.world.notify_all();
+            }
+            Step::Signal { notify, .. } => {
+                self.notify(notify, epoch, c, at)?;
+                self.world.notify_all();
+            }
+            Step::Wait { flag, value, .. } => {
+                let v = Self::value(value, epoch, c).map_err(bad)?;
+                let idx = flag.at(c) as usize;
+                let word = self.me().flags.get(idx).ok_or_else(|| bad(format!("flag {idx} out of bounds")))?;
+                self.world
+                    .wait_until(self.deadline(), || word.load(Ordering::Acquire) >= v)
+                    .map_err(|f| self.wait_failed(f, at, None, &format!("flag {idx} >= {v}")))?;
+            }
+            Step::Arrive { counter, arrivals, then, .. } => {
+                let idx = counter.at(c) as usize;
+                let word = self.me().counters.get(idx).ok_or_else(|| bad(format!("counter {idx} out of bounds")))?;
+                let before = word.fetch_add(1, Ordering::AcqRel);
+                // Never reset: the arrival reaching a multiple of `arrivals` is its round's last.
+                if *arrivals != 0 && (before + 1) % u64::from(*arrivals) == 0 {
+                    for n in then {
+                        self.notify(n, epoch, c, at)?;
+                    }
+                    self.world.notify_all();
+                }
+            }
+            Step::HandshakeSend { peer, dst, flag } => {
+                let local = match self.plan.advance {
+                    Advance::AgreedMaxChunks { local } => local,
+                    Advance::Fixed(_) => 0,
+                };
+                let (first, _) = self.packets(*peer, dst, 0, sense, 1).map_err(bad)?;
+                self.put_packet(*peer, first, local, Self::value(flag, epoch, 0).map_err(bad)?);
+                self.world.notify_all();
+            }
+            Step::HandshakeWait { peer, src, expect } => {
+                let (first, _) = self.packets(self.plan.rank, src, 0, sense, 1).map_err(bad)?;
+                let e = Self::value(expect, epoch, 0).map_err(bad)?;
+                let mut data = 0;
+                self.world
+                    .wait_until(self.deadline(), || self.read_packet(first, e).map(|d| data = d).is_some())
+                    .map_err(|f| self.wait_failed(f, at, Some(*peer as usize), "entry/exit handshake"))?;
+                *agreed = (*agreed).max(data);
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        dst: &Region,
+        srcs: &[Region],
+        len: &Len,
+        expect: Option<&EpochVal>,
+        at: At,
+        epoch: u64,
+        sense: u64,
+    ) -> Result<(), Error> {
+        let c = at.chunk;
+        let bad = |e: String| self.malformed(at, e);
+        let n = len.at(c);
+        if n == 0 {
+            return Ok(());
+        }
+        let spec = &self.plan.spec;
+        let op = spec.op.ok_or_else(|| bad("reduce step in a plan without a reduce op".into()))?;
+        let dtype = atom_dtype(spec.dtype).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "reductions of {:?} (the Atom reduces f32, f16, bf16, fp8, i32, u32)",
+                spec.dtype
+            ))
+        })?;
+        let d = self.ptr(dst, c, sense, n).map_err(bad)?;
+        // Window sources are collected first (they are separate buffers); a source equal to
+        // the destination is the destination itself (in place, element-wise).
+        let mut owned: Vec<Option<Vec<u8>>> = Vec::with_capacity(srcs.len());
+        let mut ptrs: Vec<Option<*const u8>> = Vec::with_capacity(srcs.len());
+        for r in srcs {
+            if let Space::Window(w) = r.space {
+                let e = expect.ok_or_else(|| bad("window source without an expected flag".into()))?;
+                let (first, _) = self.packets(w, &r.offset, c, sense, n).map_err(bad)?;
+                owned.push(Some(self.collect_packets(first, n, Self::value(e, epoch, c).map_err(bad)?, at)?));
+                ptrs.push(None);
+            } else {
+                owned.push(None);
+                ptrs.push(Some(self.ptr(r, c, sense, n).map_err(bad)?));
+            }
+        }
+        let sources: Vec<HostSrc<'_>> = owned
+            .iter()
+            .zip(&ptrs)
+            .map(|(o, p)| match (o, p) {
+                (Some(bytes), _) => HostSrc::Slice(bytes),
+                (None, Some(p)) if std::ptr::eq(*p, d) => HostSrc::Dst,
+                // SAFETY: `p` has n bytes in bounds (checked by `ptr`), and the plan orders
+                // this read after their writes and before any overwrite (verified).
+                (None, Some(p)) => HostSrc::Slice(unsafe { std::slice::from_raw_parts(*p, n as usize) }),
+                (None, None) => HostSrc::Dst, // unreachable: every source is one of the above
+            })
+            .collect();
+        // SAFETY: `d` has n bytes in bounds; separate sources never overlap it partially
+        // (the plan contract), and an exactly-equal one is passed as HostSrc::Dst.
+        let dst_bytes = unsafe { std::slice::from_raw_parts_mut(d, n as usize) };
+        let atom_op = match op {
+            ReduceOp::Sum | ReduceOp::Avg => purlin_atom::ReduceOp::Sum,
+            ReduceOp::Prod => purlin_atom::ReduceOp::Prod,
+            ReduceOp::Min => purlin_atom::ReduceOp::Min,
+            ReduceOp::Max => purlin_atom::ReduceOp::Max,
+        };
+        reduce_bytes_with(dtype, atom_op, dst_bytes, &sources).map_err(|e| bad(e.to_string()))?;
+        if op == ReduceOp::Avg {
+            divide_in_place(dtype, dst_bytes, spec.world);
+        }
+        Ok(())
+    }
+}
+
+/// The Atom's element type for a SNAC data type, where the Atom reduces it.
+pub fn atom_dtype(t: purlin_snac::DataType) -> Option<DType> {
+    use purlin_snac::DataType as S;
+    Some(match t {
+        S::F32 => DType::F32,
+        S::F16 => DType::F16,
+        S::Bf16 => DType::BF16,
+        S::F8E4M3 => DType::E4M3,
+        S::F8E5M2 => DType::E5M2,
+        S::I32 => DType::I32,
+        S::U32 => DType::U32,
+        _ => return None,
+    })
+}
+
+/// `Avg` = sum, then divide by the world size: in f32 for floats (as the device executor),
+/// truncating for integers.
+pub fn divide_in_place(dtype: DType, bytes: &mut [u8], world: u32) {
+    let size = dtype.size();
+    for e in bytes.chunks_exact_mut(size) {
+        let mut code = [0u8; 4];
+        code[..size].copy_from_slice(e);
+        let code = u32::from_le_bytes(code);
+        let out = match dtype {
+            DType::I32 => ((code as i32) / world as i32) as u32,
+            DType::U32 => code / world,
+            _ => {
+                let f = f32::from_bits(decode_bits(dtype, code)) / world as f32;
+                encode_bits(dtype, f.to_bits())
+            }
+        };
+        e.copy_from_slice(&out.to_le_bytes()[..size]);
+    }
+}
