@@ -10,6 +10,7 @@ pub mod backend;
 pub mod cli;
 pub mod coord;
 pub mod gpu;
+pub mod launch;
 pub mod nccl;
 pub mod plot;
 pub mod purlin;
