@@ -79,26 +79,32 @@ impl Gpu {
         self.stream.cu_stream()
     }
 
-    /// Copies `src` to device memory at `dst` (synchronous).
+    /// Copies `src` to device memory at `dst`, in order on the stream, and waits for it.
+    ///
+    /// On the stream (not the legacy default stream, which a non-blocking stream does not
+    /// wait for): a pageable host-to-device copy may return before its DMA lands.
     pub fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: dst is a live device allocation of at least src.len() bytes (the caller's
-        // backend sized it for the largest case); the copy is synchronous, so src outlives it.
-        unsafe { result::memcpy_htod_sync(dst, src) }.context("copy the inputs to the GPU")
+        // SAFETY: dst is a live device allocation of at least src.len() bytes (the backend
+        // sized it for the largest case); src is not touched until the stream is synchronized
+        // below.
+        unsafe { result::memcpy_htod_async(dst, src, self.cu_stream()) }.context("copy the inputs to the GPU")?;
+        self.stream.synchronize().context("wait for the inputs' copy")
     }
 
-    /// Copies device memory at `src` into `dst` (synchronous, after the stream's work).
+    /// Copies device memory at `src` into `dst`, in order on the stream, and waits for it.
     pub fn download(&self, dst: &mut [u8], src: u64) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: src is a live device allocation of at least dst.len() bytes; the copy is
-        // synchronous.
-        unsafe { result::memcpy_dtoh_sync(dst, src) }.context("copy the outputs from the GPU")
+        // SAFETY: src is a live device allocation of at least dst.len() bytes; dst is not
+        // read until the stream is synchronized below.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.cu_stream()) }.context("copy the outputs from the GPU")?;
+        self.stream.synchronize().context("wait for the outputs' copy")
     }
 
     /// Fills `bytes` at `dst` with `value` on the stream.
