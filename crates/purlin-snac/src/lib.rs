@@ -84,6 +84,7 @@ pub mod params;
 pub mod plan;
 pub mod spec;
 pub mod types;
+pub mod verify;
 
 pub use derive::{AllReduceAlgo, DeriveError, PlanConfig, derive, derive_rank};
 pub use key::{BlockShape, KernelKey, ShapeOp};

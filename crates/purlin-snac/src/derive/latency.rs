@@ -61,7 +61,9 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     if need > half {
         return Err(DeriveError::WindowTooSmall { have: cfg.window_bytes, need: 2 * need });
     }
-    let s = up16(a.div_ceil(nb as u64)).max(16);
+    // Block slices cover the largest transfer, the rank's own local copy included.
+    let widest = (0..world).map(|p| send(p, p).1).max().unwrap_or(0).max(a);
+    let s = up16(widest.div_ceil(nb as u64)).max(16);
     let cell = |phase: u64, src: u32| (phase * world as u64 + src as u64) * a;
     let flag = EpochVal::at(1);
     let g = Guard::ALWAYS;

@@ -1,0 +1,1336 @@
+//! The SNAC verifier: an explicit-state model of plans (DESIGN.md §3.5).
+//!
+//! It checks any plan, however made: it never uses the derivation (`crate::derive`); an
+//! invariant test reads this directory's sources to keep it so.
+//!
+//! # The model
+//!
+//! Every block of every rank of every call is a process stepping through its program. Memory
+//! (input, output, staging, window of every rank) is a set of interval maps whose segments
+//! carry a symbolic content ([`mem::Term`]: which input bytes of which rank and call, or a
+//! reduction of such, in combination order), the call that wrote it, the last writer and the
+//! readers since. Synchronization is modelled with vector clocks: a flag store (`Signal`, the
+//! notifications of the last `Arrive`) is a release, a satisfied `Wait` acquires from the
+//! *first* store in the flag's modification order whose value satisfies it (the weakest edge a
+//! real execution can get), an `Arrive` is an acq_rel read-modify-write, a packet read (and a
+//! handshake wait) synchronizes with the put it reads from, and a kernel synchronizes with
+//! the previous kernel of its rank (stream order). Data steps are atomic transitions whose
+//! accesses are checked against the clocks: a read not ordered after the last write, a write
+//! not ordered after every read since the previous write, or two unordered writes, are races
+//! whatever order the exploration happened to pick — so data steps (and satisfied waits,
+//! which are stable) are taken eagerly and only the order of the remaining synchronization
+//! steps is explored. That is the partial-order reduction; states are also cached by
+//! fingerprint.
+//!
+//! # Properties
+//!
+//! [`Property`] lists them. Readiness: a read of staging or a window sees data written in this
+//! call, ordered before the read. Reuse: no write overtakes an unfinished read. Uniform
+//! advance: every epoch word of every rank holds the same value after each call. Epoch
+//! advance: a call whose regions depend on the sense advances by an odd amount at least the
+//! largest epoch offset it uses. All-pairs: each rank's call ends after every peer's call
+//! began. Co-residency: grids within the bound. Deadlock: every process finishes.
+//! Semantics: each output byte holds exactly its collective's contributions, in rank order in
+//! deterministic mode.
+//!
+//! # Chunk cutoff
+//!
+//! [`twin_spec`] caps every partition of a spec at `(slots + 2)` chunks; plans of the twin
+//! have the same steps as the original's with shorter loops. Why that covers chunk-uniform
+//! plans: every step's offsets, indices and epoch values are affine in `c` (slot indices
+//! modulo `slots`), so chunk `c` and chunk `c + slots` touch the same slot, flag and counter
+//! words with values one lap apart. The protocol's interactions between chunks only reach
+//! back one lap (the drain of `c - slots` before the write of `c`), so every pattern of
+//! interaction — first use of a slot (c < slots), the first reuse (c = slots), a reuse after a
+//! reuse (c = slots + 1), and the partial last chunk — appears in the twin; a longer loop
+//! repeats the states of laps already explored with the epoch shifted.
+
+pub mod mem;
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use mem::{Access, IMap, Term};
+
+use crate::plan::{Advance, Alias, EpochVal, Plan, Region, Space, Step, check_set, fmt_path};
+use crate::spec::{Collective, CollectiveSpec, Counts};
+use crate::types::{ConsumeOp, ReductionMode};
+
+/// The properties the verifier checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Property {
+    /// The plans are ill-formed (see [`crate::plan::check_set`]).
+    Structure,
+    /// A grid exceeds the co-residency bound.
+    CoResidency,
+    /// An advance is even on a call that depends on the sense, or smaller than the epoch
+    /// offsets the call uses.
+    EpochAdvance,
+    /// Ranks or blocks end a call at different epochs.
+    UniformAdvance,
+    /// A read of staging or packets sees data not written in this call, or not ordered after
+    /// its write.
+    Readiness,
+    /// A write overtakes a read of the previous contents.
+    Reuse,
+    /// Two writes to the same bytes are unordered.
+    Race,
+    /// A rank ends a call without depending on a peer's entry into it.
+    AllPairs,
+    /// Some process can never finish.
+    Deadlock,
+    /// An output byte does not hold exactly its contributions.
+    Semantics,
+}
+
+impl fmt::Display for Property {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Property::Structure => "structure",
+            Property::CoResidency => "co-residency",
+            Property::EpochAdvance => "epoch-advance",
+            Property::UniformAdvance => "uniform-advance",
+            Property::Readiness => "readiness",
+            Property::Reuse => "reuse",
+            Property::Race => "race",
+            Property::AllPairs => "all-pairs",
+            Property::Deadlock => "deadlock",
+            Property::Semantics => "semantics",
+        };
+        f.write_str(s)
+    }
+}
+
+/// The first violated property, with a readable trace of the steps that led to it.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub property: Property,
+    pub message: String,
+    pub trace: Vec<String>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "violated {}: {}", self.property, self.message)?;
+        let skip = self.trace.len().saturating_sub(60);
+        if skip > 0 {
+            writeln!(f, "  ... {skip} earlier steps")?;
+        }
+        for t in &self.trace[skip..] {
+            writeln!(f, "  {t}")?;
+        }
+        Ok(())
+    }
+}
+
+/// How much of the behaviour was covered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coverage {
+    /// Every interleaving of synchronization steps (up to the reductions), `states` states.
+    Exhaustive { states: u64 },
+    /// `schedules` randomized priority schedules from `seed`.
+    Sampled { schedules: u64, seed: u64 },
+    /// Rejected before exploring (static checks).
+    Static,
+}
+
+impl fmt::Display for Coverage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Coverage::Exhaustive { states } => write!(f, "exhaustive, {states} states"),
+            Coverage::Sampled { schedules, seed } => write!(f, "sampled {schedules} schedules, seed {seed}"),
+            Coverage::Static => write!(f, "static checks"),
+        }
+    }
+}
+
+/// Exploration strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Exhaustive within `max_states`, else sampled.
+    #[default]
+    Auto,
+    Exhaustive,
+    Sampled,
+}
+
+/// Verifier options.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// The runtime's co-residency bound; plans above it (or above their own bound) are rejected.
+    pub max_coresident_blocks: Option<u32>,
+    pub max_states: u64,
+    pub schedules: u64,
+    pub seed: u64,
+    pub mode: Mode,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { max_coresident_blocks: None, max_states: 200_000, schedules: 200, seed: 1, mode: Mode::Auto }
+    }
+}
+
+/// The verdict.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub coverage: Coverage,
+    pub result: Result<(), Violation>,
+    pub elapsed: Duration,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.result.is_ok()
+    }
+    /// The violated property, if any.
+    pub fn property(&self) -> Option<Property> {
+        self.result.as_ref().err().map(|v| v.property)
+    }
+}
+
+/// Verifies one call (a plan per rank).
+pub fn verify_call(plans: &[Plan], opts: &Options) -> Report {
+    verify(&[plans.to_vec()], opts)
+}
+
+/// Verifies back-to-back calls on the same communicator (each a plan per rank), in order.
+pub fn verify(calls: &[Vec<Plan>], opts: &Options) -> Report {
+    let t0 = Instant::now();
+    if let Err(v) = static_checks(calls, opts) {
+        return Report { coverage: Coverage::Static, result: Err(v), elapsed: t0.elapsed() };
+    }
+    let calls = calls.to_vec();
+    let opts = *opts;
+    // Deep interleavings recurse deeply: explore on a thread with a large stack.
+    let h = std::thread::Builder::new().stack_size(1 << 30).spawn(move || {
+        let m = Model::new(&calls);
+        let exhaustive = || {
+            let mut x = Explorer { m: &m, seen: HashSet::new(), states: 0, max: opts.max_states, trace: vec![] };
+            let r = x.dfs(m.init());
+            (r, x.states)
+        };
+        match opts.mode {
+            Mode::Exhaustive | Mode::Auto => {
+                let (r, states) = exhaustive();
+                match r {
+                    Err(Stop::Violation(v)) => (Coverage::Exhaustive { states }, Err(v)),
+                    Ok(()) => (Coverage::Exhaustive { states }, Ok(())),
+                    Err(Stop::Budget) if opts.mode == Mode::Auto => {
+                        (Coverage::Sampled { schedules: opts.schedules, seed: opts.seed }, m.sample(&opts))
+                    }
+                    Err(Stop::Budget) => (
+                        Coverage::Exhaustive { states },
+                        Err(Violation {
+                            property: Property::Structure,
+                            message: format!("state budget of {} exhausted", opts.max_states),
+                            trace: vec![],
+                        }),
+                    ),
+                }
+            }
+            Mode::Sampled => (Coverage::Sampled { schedules: opts.schedules, seed: opts.seed }, m.sample(&opts)),
+        }
+    });
+    let (coverage, result) = match h.map(|h| h.join()) {
+        Ok(Ok(x)) => x,
+        _ => (
+            Coverage::Static,
+            Err(Violation { property: Property::Structure, message: "verifier thread failed".into(), trace: vec![] }),
+        ),
+    };
+    Report { coverage, result, elapsed: t0.elapsed() }
+}
+
+fn viol(property: Property, message: String) -> Violation {
+    Violation { property, message, trace: vec![] }
+}
+
+/// Whether a plan's regions depend on the sense.
+pub fn uses_sense(p: &Plan) -> bool {
+    let mut s = false;
+    p.for_each_step(|_, st, _| {
+        let r = |x: &Region| x.offset.sense_stride != 0;
+        s |= match st {
+            Step::Stage { dst, src, .. } | Step::Gather { dst, src, .. } | Step::PutPackets { dst, src, .. } => {
+                r(dst) || r(src)
+            }
+            Step::Reduce { dst, srcs, .. } => r(dst) || srcs.iter().any(r),
+            Step::HandshakeSend { dst: o, .. } | Step::HandshakeWait { src: o, .. } => o.sense_stride != 0,
+            _ => false,
+        };
+    });
+    s
+}
+
+/// The largest `c * chunk_mul + add` of any epoch value the plan uses.
+pub fn max_epoch_offset(p: &Plan) -> i128 {
+    let mut m: i128 = 0;
+    p.for_each_step(|_, st, (lo, hi)| {
+        if lo >= hi {
+            return;
+        }
+        let mut see = |v: &EpochVal| m = m.max((hi - 1) as i128 * v.chunk_mul as i128 + v.add as i128);
+        match st {
+            Step::Gather { expect: Some(v), .. } | Step::Reduce { expect: Some(v), .. } => see(v),
+            Step::PutPackets { flag, .. } => see(flag),
+            Step::Signal { notify, .. } => see(&notify.value),
+            Step::Wait { value, .. } => see(value),
+            Step::Arrive { then, .. } => then.iter().for_each(|n| see(&n.value)),
+            Step::HandshakeSend { flag, .. } => see(flag),
+            Step::HandshakeWait { expect, .. } => see(expect),
+            _ => {}
+        }
+    });
+    m
+}
+
+fn static_checks(calls: &[Vec<Plan>], opts: &Options) -> Result<(), Violation> {
+    for (k, plans) in calls.iter().enumerate() {
+        check_set(plans).map_err(|e| viol(Property::Structure, format!("call {k}: {e}")))?;
+        for p in plans {
+            let bound = opts.max_coresident_blocks.unwrap_or(u32::MAX).min(p.max_coresident_blocks);
+            if p.blocks.len() > bound as usize {
+                return Err(viol(
+                    Property::CoResidency,
+                    format!(
+                        "call {k} rank {}: grid of {} blocks above the co-residency bound {bound}",
+                        p.rank,
+                        p.blocks.len()
+                    ),
+                ));
+            }
+            if p.blocks.is_empty() {
+                continue;
+            }
+            if let Advance::Fixed(a) = p.advance {
+                if uses_sense(p) && a % 2 == 0 {
+                    return Err(viol(
+                        Property::EpochAdvance,
+                        format!("call {k} rank {}: even advance {a} on a call that selects staging by sense", p.rank),
+                    ));
+                }
+                let m = max_epoch_offset(p);
+                if (a as i128) < m {
+                    return Err(viol(
+                        Property::EpochAdvance,
+                        format!("call {k} rank {}: advance {a} below the largest epoch offset E+{m} it uses", p.rank),
+                    ));
+                }
+            }
+        }
+        let kinds: HashSet<std::mem::Discriminant<Advance>> =
+            plans.iter().filter(|p| !p.blocks.is_empty()).map(|p| std::mem::discriminant(&p.advance)).collect();
+        let fixed: HashSet<u64> = plans
+            .iter()
+            .filter_map(|p| match p.advance {
+                Advance::Fixed(a) => Some(a),
+                _ => None,
+            })
+            .collect();
+        if kinds.len() > 1 || fixed.len() > 1 {
+            return Err(viol(Property::UniformAdvance, format!("call {k}: ranks disagree on the advance")));
+        }
+    }
+    Ok(())
+}
+
+enum Stop {
+    Violation(Violation),
+    Budget,
+}
+
+impl From<Violation> for Stop {
+    fn from(v: Violation) -> Self {
+        Stop::Violation(v)
+    }
+}
+
+/// Per-process position and registers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+struct Ps {
+    /// 0 not launched, 1 running, 2 done.
+    st: u8,
+    top: u32,
+    c: u64,
+    body: u32,
+    e: u64,
+    agreed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Cell {
+    value: u64,
+    flag: u64,
+    vc: Rc<Vec<u32>>,
+    writer: Access,
+    readers: Vec<Access>,
+}
+
+type Vc = Rc<Vec<u32>>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct St {
+    ps: Vec<Ps>,
+    vc: Vec<Vc>,
+    /// `[rank][word]`: the stores in modification order.
+    flags: Vec<Vec<Vec<(u64, Vc)>>>,
+    ctrs: Vec<Vec<(u64, Vc)>>,
+    epochs: Vec<Vec<u64>>,
+    /// `[rank][space]`: 0 input, 1 output, 2 staging, 3 window.
+    mem: Vec<[IMap; 4]>,
+    hs: BTreeMap<(u32, u64), Cell>,
+    /// Per rank: the call running (or next to launch).
+    cur: Vec<u32>,
+    /// Per call: the epoch every rank must end at.
+    adv: Vec<Option<u64>>,
+    exits: Vec<Option<Vc>>,
+}
+
+impl St {
+    fn fingerprint(&self) -> (u64, u64) {
+        let mut a = std::hash::DefaultHasher::new();
+        self.hash(&mut a);
+        let mut b = std::hash::DefaultHasher::new();
+        0xa5a5u16.hash(&mut b);
+        self.hash(&mut b);
+        (a.finish(), b.finish())
+    }
+}
+
+/// A transition that must be explored in every order (not taken eagerly).
+#[derive(Debug, Clone, Copy)]
+struct Tr {
+    pid: usize,
+}
+
+/// One access of a synchronization step, for the independence check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Obj {
+    Counter(usize, u32),
+    Flag(usize, u32),
+    Window(usize, u64, u64),
+    Cell(usize, u64),
+}
+
+impl Obj {
+    fn overlaps(&self, o: &Obj) -> bool {
+        match (self, o) {
+            (Obj::Counter(a, i), Obj::Counter(b, j)) | (Obj::Flag(a, i), Obj::Flag(b, j)) => a == b && i == j,
+            (Obj::Cell(a, i), Obj::Cell(b, j)) => a == b && i == j,
+            (Obj::Window(a, x0, x1), Obj::Window(b, y0, y1)) => a == b && x0 < y1 && y0 < x1,
+            _ => false,
+        }
+    }
+}
+
+/// A position in a program, ordered: `(top-level step, chunk, body step)`.
+type Pos = (u32, u64, u32);
+
+struct Model<'a> {
+    calls: &'a [Vec<Plan>],
+    /// Per process: every synchronization access it can make, `(object, is_write, last
+    /// position at which it can happen)`.
+    foot: Vec<Vec<(Obj, bool, Pos)>>,
+    world: usize,
+    /// `base[k][r]`: pid of block 0 of call `k` on rank `r`.
+    base: Vec<Vec<usize>>,
+    /// `(call, rank, block)` of each pid.
+    who: Vec<(usize, usize, usize)>,
+    nclock: usize,
+    maxoff: Vec<Vec<i128>>,
+    sense: Vec<u64>,
+}
+
+fn join(a: &mut Vc, b: &[u32]) {
+    if a.iter().zip(b).any(|(x, y)| y > x) {
+        let a = Rc::make_mut(a);
+        for (x, y) in a.iter_mut().zip(b) {
+            *x = (*x).max(*y);
+        }
+    }
+}
+
+fn eval(v: &EpochVal, e: u64, c: u64) -> u64 {
+    v.eval(e, c).unwrap_or(0)
+}
+
+impl<'a> Model<'a> {
+    fn new(calls: &'a [Vec<Plan>]) -> Self {
+        let world = calls.first().map_or(0, |c| c.len());
+        let mut base = vec![];
+        let mut who = vec![];
+        for (k, plans) in calls.iter().enumerate() {
+            let mut row = vec![];
+            for (r, p) in plans.iter().enumerate() {
+                row.push(who.len());
+                for b in 0..p.blocks.len() {
+                    who.push((k, r, b));
+                }
+            }
+            base.push(row);
+        }
+        let nclock = who.len() + world;
+        let maxoff = calls.iter().map(|ps| ps.iter().map(max_epoch_offset).collect()).collect();
+        // The sense of each call: epochs start at 0 and each call advances them uniformly (or
+        // a uniform-advance violation is reported when the call ends, before the next one
+        // starts). Agreed advances are odd.
+        let mut sense = vec![0u64; calls.len()];
+        for k in 1..calls.len() {
+            let a = match calls[k - 1].first().map(|p| (p.advance, p.blocks.is_empty())) {
+                Some((Advance::Fixed(a), _)) => a,
+                Some((Advance::AgreedMaxChunks { .. }, false)) => 1,
+                _ => 0,
+            };
+            sense[k] = sense[k - 1] ^ (a & 1);
+        }
+        let mut m = Model { calls, foot: vec![], world, base, who, nclock, maxoff, sense };
+        m.foot = (0..m.who.len()).map(|pid| m.static_footprint(pid)).collect();
+        m
+    }
+
+    /// Every synchronization access process `pid` can make, over all chunks and both senses,
+    /// with the last position it can happen at.
+    fn static_footprint(&self, pid: usize) -> Vec<(Obj, bool, Pos)> {
+        let (k, r, b) = self.who[pid];
+        let p = self.plan(k, r);
+        let mut out: Vec<(Obj, bool, Pos)> = vec![];
+        let block = &p.blocks[b];
+        let mut visit = |s: &Step, lo: u64, hi: u64, last: Pos| {
+            if lo >= hi {
+                return;
+            }
+            {
+                let e = self.sense[k];
+                let mut cs: Vec<u64> = (lo..hi.min(lo + 64)).collect();
+                cs.push(hi - 1);
+                for c in cs {
+                    for (o, w) in self.footprint_at(pid, s, c, e) {
+                        match out.iter_mut().find(|(x, xw, _)| *x == o && *xw == w) {
+                            Some(item) => item.2 = item.2.max(last),
+                            None => out.push((o, w, last)),
+                        }
+                    }
+                }
+            }
+        };
+        for (i, s) in block.steps.iter().enumerate() {
+            match s {
+                Step::ChunkLoop { trips, body } => {
+                    for (j, t) in body.iter().enumerate() {
+                        let g = t.guard();
+                        let hi = g.until.min(*trips);
+                        visit(t, g.from, hi, (i as u32, hi.saturating_sub(1), j as u32));
+                    }
+                }
+                s => {
+                    let g = s.guard();
+                    visit(s, g.from, g.until.min(1), (i as u32, 0, 0));
+                }
+            }
+        }
+        out
+    }
+
+    /// The synchronization accesses of step `s` of process `pid` at chunk `c`, epoch `e`.
+    fn footprint_at(&self, pid: usize, s: &Step, c: u64, e: u64) -> Vec<(Obj, bool)> {
+        let r = self.who[pid].1;
+        let win = |reg: &Region, n: u64| {
+            let (q, _, a, b) = self.loc(pid, reg, n, c, e);
+            Obj::Window(q, a, b.max(a + 1))
+        };
+        match s {
+            Step::Arrive { counter, then, .. } => {
+                let mut v = vec![(Obj::Counter(r, counter.at(c)), true)];
+                v.extend(then.iter().map(|n| (Obj::Flag(n.peer as usize, n.flag.at(c)), true)));
+                v
+            }
+            Step::Signal { notify, .. } => vec![(Obj::Flag(notify.peer as usize, notify.flag.at(c)), true)],
+            Step::PutPackets { dst, len, .. } => vec![(win(dst, len.at(c)), true)],
+            Step::Gather { src, len, expect: Some(_), .. } => vec![(win(src, len.at(c)), false)],
+            Step::Reduce { srcs, len, expect: Some(_), .. } => srcs
+                .iter()
+                .filter(|x| matches!(x.space, Space::Window(_)))
+                .map(|x| (win(x, len.at(c)), false))
+                .collect(),
+            Step::HandshakeSend { peer, dst, .. } => vec![(Obj::Cell(*peer as usize, dst.at(0, e & 1)), true)],
+            Step::HandshakeWait { src, .. } => vec![(Obj::Cell(r, src.at(0, e & 1)), false)],
+            _ => vec![],
+        }
+    }
+
+    /// Whether process `pid`'s enabled synchronization step commutes with everything every
+    /// process that can run concurrently with it may still do.
+    fn independent(&self, st: &mut St, pid: usize) -> bool {
+        let Some((s, c)) = self.current(st, pid) else { return true };
+        let e = st.ps[pid].e;
+        let mine = self.footprint_at(pid, s, c, e);
+        let (k, r, _) = self.who[pid];
+        (0..self.who.len()).filter(|&q| q != pid && st.ps[q].st != 2).all(|q| {
+            let (kq, rq, _) = self.who[q];
+            // Blocks of one rank in different calls never run concurrently (stream order), and
+            // blocks two calls apart neither: every call ties every pair of ranks, which the
+            // all-pairs check verifies on every explored path.
+            if (rq == r && kq != k) || kq.abs_diff(k) >= 2 {
+                return true;
+            }
+            let ps = &st.ps[q];
+            let pos = (ps.top, ps.c, ps.body);
+            !mine
+                .iter()
+                .any(|(o, w)| self.foot[q].iter().any(|(x, xw, last)| *last >= pos && (*w || *xw) && o.overlaps(x)))
+        })
+    }
+
+    fn plan(&self, k: usize, r: usize) -> &Plan {
+        &self.calls[k][r]
+    }
+
+    fn init(&self) -> St {
+        let w = self.world;
+        let maxw = |f: &dyn Fn(&Plan) -> u64| {
+            (0..w).map(|r| self.calls.iter().map(|c| f(&c[r])).max().unwrap_or(0)).collect::<Vec<_>>()
+        };
+        let flags = maxw(&|p| p.resources.flag_words as u64);
+        let ctrs = maxw(&|p| p.resources.counter_words as u64);
+        let eps = maxw(&|p| p.resources.epoch_words as u64);
+        let stg = maxw(&|p| p.resources.staging_bytes);
+        let win = maxw(&|p| p.resources.window_bytes);
+        let zero: Vc = Rc::new(vec![0; self.nclock]);
+        let mut st = St {
+            ps: vec![Ps::default(); self.who.len()],
+            vc: vec![zero.clone(); self.nclock],
+            flags: (0..w).map(|r| vec![vec![]; flags[r] as usize]).collect(),
+            ctrs: (0..w).map(|r| vec![(0, zero.clone()); ctrs[r] as usize]).collect(),
+            epochs: (0..w).map(|r| vec![0; eps[r] as usize]).collect(),
+            mem: (0..w).map(|r| [IMap::new(0), IMap::new(0), IMap::new(stg[r]), IMap::new(win[r])]).collect(),
+            hs: BTreeMap::new(),
+            cur: vec![0; w],
+            adv: vec![None; self.calls.len()],
+            exits: vec![None; self.who.len()],
+        };
+        for r in 0..w {
+            self.launch(&mut st, r);
+        }
+        st
+    }
+
+    fn host(&self, r: usize) -> usize {
+        self.who.len() + r
+    }
+
+    /// Launches rank `r`'s call `cur[r]`: the host writes fresh inputs after the previous
+    /// kernel, and the blocks start after that.
+    fn launch(&self, st: &mut St, r: usize) {
+        let k = st.cur[r] as usize;
+        if k >= self.calls.len() {
+            return;
+        }
+        let h = self.host(r);
+        if k > 0 {
+            let p = self.plan(k - 1, r);
+            for b in 0..p.blocks.len() {
+                if let Some(x) = st.exits[self.base[k - 1][r] + b].clone() {
+                    join(&mut st.vc[h], &x);
+                }
+            }
+        }
+        Rc::make_mut(&mut st.vc[h])[h] += 1;
+        let t = st.vc[h][h];
+        let p = self.plan(k, r);
+        let res = &p.resources;
+        let mut input = IMap::new(res.input_bytes);
+        let mut output = IMap::new(res.output_bytes);
+        let term = Term::In { call: k as u32, rank: r as u32, base: 0 };
+        let tag = |_: ()| (k as u32 + 1, (h as u32, t), None, None);
+        match res.alias {
+            Some(Alias::InputInOutput(o)) => {
+                output.write(o, o + res.input_bytes, vec![(0, res.input_bytes, term)], tag(()));
+            }
+            Some(Alias::OutputInInput(_)) | None => {
+                input.write(0, res.input_bytes, vec![(0, res.input_bytes, term)], tag(()));
+            }
+        }
+        st.mem[r][0] = input;
+        st.mem[r][1] = output;
+        for b in 0..p.blocks.len() {
+            let pid = self.base[k][r] + b;
+            let mut vc = st.vc[h].clone();
+            Rc::make_mut(&mut vc)[pid] = 1;
+            st.vc[pid] = vc;
+            let e = st.epochs[r].get(b).copied().unwrap_or(0);
+            let local = match p.advance {
+                Advance::AgreedMaxChunks { local } => local,
+                Advance::Fixed(_) => 0,
+            };
+            st.ps[pid] = Ps { st: 1, top: 0, c: 0, body: 0, e, agreed: local };
+        }
+        if p.blocks.is_empty() {
+            // An empty call ends at once (after its checks).
+            let _ = self.kernel_end(st, r);
+        }
+    }
+
+    /// The step process `pid` is at (skipping steps its guard excludes), or `None` at exit.
+    fn current<'p>(&'p self, st: &mut St, pid: usize) -> Option<(&'p Step, u64)> {
+        let (k, r, b) = self.who[pid];
+        let steps = &self.plan(k, r).blocks[b].steps;
+        let ps = &mut st.ps[pid];
+        loop {
+            let s = steps.get(ps.top as usize)?;
+            match s {
+                Step::ChunkLoop { trips, body } => {
+                    if ps.c >= *trips || body.is_empty() {
+                        ps.top += 1;
+                        ps.c = 0;
+                        ps.body = 0;
+                        continue;
+                    }
+                    match body.get(ps.body as usize) {
+                        None => {
+                            ps.c += 1;
+                            ps.body = 0;
+                        }
+                        Some(t) if !t.guard().admits(ps.c) => ps.body += 1,
+                        Some(t) => return Some((t, ps.c)),
+                    }
+                }
+                s if !s.guard().admits(0) => ps.top += 1,
+                s => return Some((s, 0)),
+            }
+        }
+    }
+
+    fn next_pos(&self, st: &mut St, pid: usize) {
+        let (k, r, b) = self.who[pid];
+        let steps = &self.plan(k, r).blocks[b].steps;
+        let ps = &mut st.ps[pid];
+        match steps.get(ps.top as usize) {
+            Some(Step::ChunkLoop { .. }) => ps.body += 1,
+            _ => ps.top += 1,
+        }
+    }
+
+    fn label(&self, pid: usize, s: &Step, c: u64) -> String {
+        let (k, r, b) = self.who[pid];
+        format!("call {k} rank {r} block {b} c={c}: {s}")
+    }
+
+    /// Resolves a region to `(rank, space index, start, end)`.
+    fn loc(&self, pid: usize, reg: &Region, len: u64, c: u64, e: u64) -> (usize, usize, u64, u64) {
+        let (k, r, _) = self.who[pid];
+        let p = self.plan(k, r);
+        let off = reg.offset.at(c, e & 1);
+        let (rank, sp, off) = match (reg.space, p.resources.alias) {
+            (Space::Input, Some(Alias::InputInOutput(o))) => (r, 1, off + o),
+            (Space::Input, _) => (r, 0, off),
+            (Space::Output, Some(Alias::OutputInInput(o))) => (r, 0, off + o),
+            (Space::Output, _) => (r, 1, off),
+            (Space::Staging(q), _) => (q as usize, 2, off),
+            (Space::Window(q), _) => (q as usize, 3, off),
+        };
+        (rank, sp, off, off + len)
+    }
+
+    fn who_s(&self, pid: u32) -> String {
+        let pid = pid as usize;
+        if pid >= self.who.len() {
+            return format!("the host of rank {}", pid - self.who.len());
+        }
+        let (k, r, b) = self.who[pid];
+        format!("call {k} rank {r} block {b}")
+    }
+
+    fn space_s(rank: usize, sp: usize) -> String {
+        let n = ["input", "output", "staging", "window"][sp];
+        format!("rank {rank}'s {n}")
+    }
+
+    /// A data read by `pid`: races and staleness are checked, the reader recorded.
+    fn read(&self, st: &mut St, pid: usize, l: (usize, usize, u64, u64)) -> Result<Vec<(u64, u64, Term)>, Violation> {
+        let (rank, sp, a, b) = l;
+        if a == b {
+            return Ok(vec![]);
+        }
+        let k = self.who[pid].0 as u32;
+        let vc = st.vc[pid].clone();
+        let t = vc[pid];
+        let m = &mut st.mem[rank][sp];
+        let range = m.range(a, b);
+        for s in &mut m.segs[range] {
+            if let Some((q, tq)) = s.writer {
+                if q as usize != pid && tq > vc[q as usize] {
+                    return Err(viol(
+                        Property::Readiness,
+                        format!(
+                            "{} reads {} [{}, {}) while the write by {} is not ordered before the read",
+                            self.who_s(pid as u32),
+                            Self::space_s(rank, sp),
+                            s.start,
+                            s.end,
+                            self.who_s(q)
+                        ),
+                    ));
+                }
+            }
+            if sp >= 2 && s.wcall != k + 1 {
+                let when =
+                    if s.wcall == 0 { "never written".to_string() } else { format!("written in call {}", s.wcall - 1) };
+                return Err(viol(
+                    Property::Readiness,
+                    format!(
+                        "{} reads {} [{}, {}): stale data ({when})",
+                        self.who_s(pid as u32),
+                        Self::space_s(rank, sp),
+                        s.start,
+                        s.end
+                    ),
+                ));
+            }
+            s.readers.retain(|(q, _)| *q as usize != pid);
+            s.readers.push((pid as u32, t));
+        }
+        Ok(st.mem[rank][sp].read_terms(a, b))
+    }
+
+    fn write(
+        &self,
+        st: &mut St,
+        pid: usize,
+        l: (usize, usize, u64, u64),
+        pieces: Vec<(u64, u64, Term)>,
+        packet: Option<u64>,
+    ) -> Result<(), Violation> {
+        let (rank, sp, a, b) = l;
+        if a == b {
+            return Ok(());
+        }
+        let k = self.who[pid].0 as u32;
+        let vc = st.vc[pid].clone();
+        let t = vc[pid];
+        let m = &mut st.mem[rank][sp];
+        let range = m.range(a, b);
+        for s in &m.segs[range] {
+            if let Some((q, tq)) = s.writer {
+                if q as usize != pid && tq > vc[q as usize] {
+                    return Err(viol(
+                        Property::Race,
+                        format!(
+                            "{} writes {} [{}, {}) unordered with the write by {}",
+                            self.who_s(pid as u32),
+                            Self::space_s(rank, sp),
+                            s.start,
+                            s.end,
+                            self.who_s(q)
+                        ),
+                    ));
+                }
+            }
+            if let Some(&(q, _)) = s.readers.iter().find(|(q, tq)| *q as usize != pid && *tq > vc[*q as usize]) {
+                return Err(viol(
+                    Property::Reuse,
+                    format!(
+                        "{} overwrites {} [{}, {}) before {} finished reading it",
+                        self.who_s(pid as u32),
+                        Self::space_s(rank, sp),
+                        s.start,
+                        s.end,
+                        self.who_s(q)
+                    ),
+                ));
+            }
+        }
+        let wvc = packet.map(|_| vc.clone());
+        st.mem[rank][sp].write(a, b, pieces, (k + 1, (pid as u32, t), wvc, packet));
+        Ok(())
+    }
+
+    /// Whether all packets of a window location carry `flag`.
+    fn packets_ready(st: &St, l: (usize, usize, u64, u64), flag: u64) -> bool {
+        let (rank, sp, a, b) = l;
+        a == b || st.mem[rank][sp].segs.iter().filter(|s| s.end > a && s.start < b).all(|s| s.flag == Some(flag))
+    }
+
+    /// Joins the put clocks of the packets at a window location into `pid`'s clock.
+    fn acquire_packets(st: &mut St, pid: usize, l: (usize, usize, u64, u64)) {
+        let (rank, sp, a, b) = l;
+        let vcs: Vec<Vc> =
+            st.mem[rank][sp].segs.iter().filter(|s| s.end > a && s.start < b).filter_map(|s| s.wvc.clone()).collect();
+        for v in vcs {
+            join(&mut st.vc[pid], &v);
+        }
+    }
+
+    /// Whether process `pid`'s current step is enabled, and whether it may be taken eagerly.
+    fn status(&self, st: &mut St, pid: usize) -> Option<bool> {
+        if st.ps[pid].st != 1 {
+            return None;
+        }
+        let Some((s, c)) = self.current(st, pid) else { return Some(true) };
+        let e = st.ps[pid].e;
+        let r = self.who[pid].1;
+        Some(match s {
+            Step::Stage { .. } | Step::ChunkLoop { .. } => true,
+            Step::Gather { expect: None, .. } | Step::Reduce { expect: None, .. } => true,
+            Step::Wait { flag, value, .. } => {
+                let v = eval(value, e, c);
+                let ok = st.flags[r].get(flag.at(c) as usize).is_some_and(|h| h.iter().any(|(x, _)| *x >= v));
+                if !ok {
+                    return None;
+                }
+                true
+            }
+            Step::Gather { src, len, expect: Some(x), .. } => {
+                let l = self.loc(pid, src, len.at(c), c, e);
+                if !Self::packets_ready(st, l, eval(x, e, c)) {
+                    return None;
+                }
+                false
+            }
+            Step::Reduce { srcs, len, expect: Some(x), .. } => {
+                let ok = srcs.iter().filter(|s| matches!(s.space, Space::Window(_))).all(|s| {
+                    let l = self.loc(pid, s, len.at(c), c, e);
+                    Self::packets_ready(st, l, eval(x, e, c))
+                });
+                if !ok {
+                    return None;
+                }
+                false
+            }
+            Step::HandshakeWait { src, expect, .. } => {
+                let key = (r as u32, src.at(0, e & 1));
+                if st.hs.get(&key).is_none_or(|cell| cell.flag != eval(expect, e, 0)) {
+                    return None;
+                }
+                false
+            }
+            _ => false,
+        })
+    }
+
+    /// Takes process `pid`'s current step (or its exit).
+    fn fire(&self, st: &mut St, pid: usize, trace: &mut Vec<String>) -> Result<(), Violation> {
+        let (k, r, b) = self.who[pid];
+        let Some((s, c)) = self.current(st, pid) else {
+            trace.push(format!("call {k} rank {r} block {b}: exit"));
+            return self.exit(st, pid);
+        };
+        trace.push(self.label(pid, s, c));
+        let e = st.ps[pid].e;
+        match s {
+            Step::ChunkLoop { .. } => {}
+            Step::Stage { dst, src, len, .. } | Step::Gather { dst, src, len, .. } => {
+                let n = len.at(c);
+                let ls = self.loc(pid, src, n, c, e);
+                if matches!(s, Step::Gather { expect: Some(_), .. }) {
+                    Self::acquire_packets(st, pid, ls);
+                }
+                let pieces = self.read(st, pid, ls)?;
+                let ld = self.loc(pid, dst, n, c, e);
+                if ls != ld {
+                    self.write(st, pid, ld, pieces, None)?;
+                }
+            }
+            Step::Reduce { dst, srcs, len, expect, .. } => {
+                let n = len.at(c);
+                let mut all = vec![];
+                for x in srcs {
+                    let l = self.loc(pid, x, n, c, e);
+                    if expect.is_some() && matches!(x.space, Space::Window(_)) {
+                        Self::acquire_packets(st, pid, l);
+                    }
+                    all.push(self.read(st, pid, l)?);
+                }
+                let mut cuts: Vec<u64> = all.iter().flatten().flat_map(|(a, b, _)| [*a, *b]).collect();
+                cuts.sort_unstable();
+                cuts.dedup();
+                let pieces = cuts
+                    .windows(2)
+                    .map(|w| {
+                        let terms = all
+                            .iter()
+                            .map(|ps| {
+                                ps.iter()
+                                    .find(|(a, b, _)| *a <= w[0] && w[0] < *b)
+                                    .map_or(Term::Uninit, |(a, _, t)| t.shift(w[0] - a))
+                            })
+                            .collect();
+                        (w[0], w[1], Term::reduce(terms))
+                    })
+                    .collect();
+                let ld = self.loc(pid, dst, n, c, e);
+                self.write(st, pid, ld, pieces, None)?;
+            }
+            Step::PutPackets { dst, src, len, flag, .. } => {
+                let n = len.at(c);
+                let pieces = self.read(st, pid, self.loc(pid, src, n, c, e))?;
+                let ld = self.loc(pid, dst, n, c, e);
+                self.write(st, pid, ld, pieces, Some(eval(flag, e, c)))?;
+            }
+            Step::Signal { notify, .. } => {
+                let snap = st.vc[pid].clone();
+                st.flags[notify.peer as usize][notify.flag.at(c) as usize].push((eval(&notify.value, e, c), snap));
+            }
+            Step::Wait { flag, value, .. } => {
+                let v = eval(value, e, c);
+                let h = &st.flags[r][flag.at(c) as usize];
+                if let Some((_, x)) = h.iter().find(|(x, _)| *x >= v) {
+                    let x = x.clone();
+                    join(&mut st.vc[pid], &x);
+                }
+            }
+            Step::Arrive { counter, arrivals, then, .. } => {
+                let i = counter.at(c) as usize;
+                let cv = st.ctrs[r][i].1.clone();
+                join(&mut st.vc[pid], &cv);
+                let snap = st.vc[pid].clone();
+                let ctr = &mut st.ctrs[r][i];
+                ctr.1 = snap.clone();
+                ctr.0 += 1;
+                if ctr.0 == *arrivals as u64 {
+                    ctr.0 = 0;
+                    for n in then {
+                        st.flags[n.peer as usize][n.flag.at(c) as usize].push((eval(&n.value, e, c), snap.clone()));
+                    }
+                    trace.push(format!("  (last arrival: notifies {} flags)", then.len()));
+                }
+            }
+            Step::HandshakeSend { peer, dst, flag } => {
+                let key = (*peer, dst.at(0, e & 1));
+                let vc = st.vc[pid].clone();
+                if let Some(old) = st.hs.get(&key) {
+                    if let Some(&(q, _)) = old.readers.iter().find(|(q, tq)| *tq > vc[*q as usize]) {
+                        return Err(viol(
+                            Property::Reuse,
+                            format!(
+                                "{} overwrites a handshake packet before {} read it",
+                                self.who_s(pid as u32),
+                                self.who_s(q)
+                            ),
+                        ));
+                    }
+                }
+                let value = match self.plan(k, r).advance {
+                    Advance::AgreedMaxChunks { local } => local,
+                    Advance::Fixed(_) => 0,
+                };
+                let t = vc[pid];
+                st.hs.insert(key, Cell { value, flag: eval(flag, e, 0), vc, writer: (pid as u32, t), readers: vec![] });
+            }
+            Step::HandshakeWait { src, .. } => {
+                let key = (r as u32, src.at(0, e & 1));
+                if let Some(cell) = st.hs.get_mut(&key) {
+                    let t = st.vc[pid][pid];
+                    cell.readers.retain(|(q, _)| *q as usize != pid);
+                    cell.readers.push((pid as u32, t));
+                    let (v, x) = (cell.value, cell.vc.clone());
+                    join(&mut st.vc[pid], &x);
+                    st.ps[pid].agreed = st.ps[pid].agreed.max(v);
+                }
+            }
+        }
+        Rc::make_mut(&mut st.vc[pid])[pid] += 1;
+        self.next_pos(st, pid);
+        Ok(())
+    }
+
+    fn exit(&self, st: &mut St, pid: usize) -> Result<(), Violation> {
+        let (k, r, b) = self.who[pid];
+        let p = self.plan(k, r);
+        let ps = &st.ps[pid];
+        let a = match p.advance {
+            Advance::Fixed(a) => a,
+            Advance::AgreedMaxChunks { .. } => ps.agreed | 1,
+        };
+        if (a as i128) < self.maxoff[k][r] {
+            return Err(viol(
+                Property::EpochAdvance,
+                format!("call {k} rank {r} block {b} advances by {a}, below the epoch offsets it used"),
+            ));
+        }
+        let e = ps.e + a;
+        let grid = p.blocks.len();
+        let words = st.epochs[r].len();
+        for j in (b..words).step_by(grid.max(1)) {
+            st.epochs[r][j] = e;
+        }
+        st.exits[pid] = Some(st.vc[pid].clone());
+        st.ps[pid].st = 2;
+        let first = self.base[k][r];
+        if (first..first + grid).all(|q| st.ps[q].st == 2) {
+            self.kernel_end(st, r)?;
+        }
+        Ok(())
+    }
+
+    /// Rank `r`'s call ended: uniform advance, all-pairs dependency, output semantics; then
+    /// the next call is launched.
+    fn kernel_end(&self, st: &mut St, r: usize) -> Result<(), Violation> {
+        let k = st.cur[r] as usize;
+        let p = self.plan(k, r);
+        let grid = p.blocks.len();
+        let eps = &st.epochs[r];
+        if let Some(&e0) = eps.first() {
+            if let Some(j) = eps.iter().position(|&x| x != e0) {
+                return Err(viol(
+                    Property::UniformAdvance,
+                    format!("after call {k}, rank {r}'s epoch word {j} is {} but word 0 is {e0}", eps[j]),
+                ));
+            }
+            match st.adv[k] {
+                None => st.adv[k] = Some(e0),
+                Some(x) if x != e0 => {
+                    return Err(viol(
+                        Property::UniformAdvance,
+                        format!("rank {r} ends call {k} at epoch {e0}, another rank at {x}"),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if grid > 0 {
+            let mut end: Vc = Rc::new(vec![0; self.nclock]);
+            for b in 0..grid {
+                if let Some(x) = &st.exits[self.base[k][r] + b] {
+                    join(&mut end, x);
+                }
+            }
+            for y in (0..self.world).filter(|&y| y != r) {
+                let g = self.plan(k, y).blocks.len();
+                if g > 0 && !(0..g).any(|b| end[self.base[k][y] + b] >= 1) {
+                    return Err(viol(
+                        Property::AllPairs,
+                        format!("rank {r} finished call {k} without depending on rank {y}'s entry into it"),
+                    ));
+                }
+            }
+        }
+        self.check_output(st, k, r)?;
+        st.cur[r] += 1;
+        self.launch(st, r);
+        Ok(())
+    }
+
+    fn check_output(&self, st: &St, k: usize, r: usize) -> Result<(), Violation> {
+        let p = self.plan(k, r);
+        let spec = &p.spec;
+        let (sp, shift) = match p.resources.alias {
+            Some(Alias::OutputInInput(o)) => (0, o),
+            _ => (1, 0),
+        };
+        let m = &st.mem[r][sp];
+        for seg in spec.segments(r as u32) {
+            for (x, y, t) in m.read_terms(seg.out_offset + shift, seg.out_offset + shift + seg.len) {
+                let want: Term = if spec.collective.consume_op() == ConsumeOp::Gather {
+                    let (src, off) = seg.sources[0];
+                    Term::In { call: k as u32, rank: src, base: off + x }
+                } else {
+                    Term::Red(Rc::new(
+                        seg.sources
+                            .iter()
+                            .map(|&(s, off)| Term::In { call: k as u32, rank: s, base: off + x })
+                            .collect(),
+                    ))
+                };
+                let ok = match (spec.mode, &t) {
+                    (ReductionMode::Fast, Term::Red(_)) => {
+                        let (mut a, mut b) = (vec![], vec![]);
+                        let full = t.leaves(&mut a) && want.leaves(&mut b);
+                        a.sort_unstable();
+                        b.sort_unstable();
+                        full && a == b
+                    }
+                    _ => t == want,
+                };
+                if !ok {
+                    return Err(viol(
+                        Property::Semantics,
+                        format!(
+                            "call {k} rank {r} output [{}, {}) holds {} but must hold {}",
+                            seg.out_offset + x,
+                            seg.out_offset + y,
+                            t.describe(),
+                            want.describe()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes every eager step until none is left; returns the enabled non-eager ones.
+    fn closure(&self, st: &mut St, trace: &mut Vec<String>) -> Result<Vec<Tr>, Violation> {
+        loop {
+            let mut progressed = false;
+            let mut branching = vec![];
+            for pid in 0..self.who.len() {
+                while let Some(eager) = self.status(st, pid) {
+                    if eager || self.independent(st, pid) {
+                        self.fire(st, pid, trace)?;
+                        progressed = true;
+                    } else {
+                        branching.push(Tr { pid });
+                        break;
+                    }
+                }
+            }
+            if !progressed {
+                return Ok(branching);
+            }
+        }
+    }
+
+    fn deadlock(&self, st: &mut St) -> Option<Violation> {
+        let running: Vec<usize> = (0..self.who.len()).filter(|&p| st.ps[p].st == 1).collect();
+        let stuck: Vec<String> = running
+            .into_iter()
+            .map(|p| match self.current(st, p) {
+                Some((s, c)) => self.label(p, s, c),
+                None => format!("{} at exit", self.who_s(p as u32)),
+            })
+            .collect();
+        if stuck.is_empty() && st.cur.iter().all(|&c| c as usize >= self.calls.len()) {
+            return None;
+        }
+        Some(viol(Property::Deadlock, format!("no step can run; blocked: {}", stuck.join(" | "))))
+    }
+
+    /// Randomized priority schedules (PCT-style, 3 priority change points per schedule).
+    fn sample(&self, opts: &Options) -> Result<(), Violation> {
+        for i in 0..opts.schedules {
+            let mut rng = Rng(opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(i) | 1);
+            let n = self.who.len();
+            let mut prio: Vec<u64> = (0..n).map(|_| rng.next()).collect();
+            let changes: Vec<u64> = (0..3).map(|_| rng.next() % 2000).collect();
+            let mut st = self.init();
+            let mut trace = vec![];
+            let mut steps = 0u64;
+            loop {
+                let en = self.closure(&mut st, &mut trace).map_err(|v| with_trace(v, &trace))?;
+                let Some(t) = en.iter().max_by_key(|t| prio[t.pid]) else {
+                    if let Some(v) = self.deadlock(&mut st) {
+                        return Err(with_trace(v, &trace));
+                    }
+                    break;
+                };
+                if changes.contains(&steps) {
+                    prio[t.pid] = rng.next() % 1000;
+                }
+                self.fire(&mut st, t.pid, &mut trace).map_err(|v| with_trace(v, &trace))?;
+                steps += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn with_trace(mut v: Violation, trace: &[String]) -> Violation {
+    v.trace = trace.to_vec();
+    v
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+struct Explorer<'m, 'a> {
+    m: &'m Model<'a>,
+    seen: HashSet<(u64, u64)>,
+    states: u64,
+    max: u64,
+    trace: Vec<String>,
+}
+
+impl Explorer<'_, '_> {
+    fn dfs(&mut self, mut st: St) -> Result<(), Stop> {
+        let mark = self.trace.len();
+        let en = match self.m.closure(&mut st, &mut self.trace) {
+            Ok(en) => en,
+            Err(v) => return Err(with_trace(v, &self.trace).into()),
+        };
+        if !self.seen.insert(st.fingerprint()) {
+            self.trace.truncate(mark);
+            return Ok(());
+        }
+        self.states += 1;
+        if std::env::var_os("SNAC_DEBUG").is_some() && self.states < 40 {
+            let names: Vec<String> = en
+                .iter()
+                .map(|t| match self.m.current(&mut st, t.pid) {
+                    Some((s, c)) => self.m.label(t.pid, s, c),
+                    None => "exit".into(),
+                })
+                .collect();
+            eprintln!("state {}: {} branches: {}", self.states, en.len(), names.join(" || "));
+        }
+        if self.states > self.max {
+            return Err(Stop::Budget);
+        }
+        if en.is_empty() {
+            if let Some(v) = self.m.deadlock(&mut st) {
+                return Err(with_trace(v, &self.trace).into());
+            }
+        }
+        for t in en {
+            let mut s2 = st.clone();
+            let m2 = self.trace.len();
+            if let Err(v) = self.m.fire(&mut s2, t.pid, &mut self.trace) {
+                return Err(with_trace(v, &self.trace).into());
+            }
+            self.dfs(s2)?;
+            self.trace.truncate(m2);
+        }
+        self.trace.truncate(mark);
+        Ok(())
+    }
+}
+
+/// The twin of a spec for the chunk cutoff: every partition capped at `(slots + 2)` chunks of
+/// `chunk_bytes` (see the module docs for why that covers chunk-uniform plans).
+pub fn twin_spec(spec: &CollectiveSpec, chunk_bytes: u64, slots: u64) -> CollectiveSpec {
+    let es = spec.dtype.size();
+    let cap_bytes = (slots + 2).saturating_mul(chunk_bytes);
+    // Keep a partial last chunk when the original has one: cap at (slots + 1) chunks plus the
+    // original's remainder.
+    let cap = |n: u64| -> u64 {
+        let b = n * es;
+        if b <= cap_bytes {
+            return n;
+        }
+        let rem = b % chunk_bytes;
+        let capped = if rem == 0 { cap_bytes } else { (slots + 1) * chunk_bytes + rem };
+        capped / es
+    };
+    let mut t = spec.clone();
+    t.counts = match &spec.counts {
+        Counts::Uniform(n) => {
+            // AllReduce shards split the buffer across ranks: cap the shard.
+            if spec.collective == Collective::AllReduce {
+                let w = spec.world as u64;
+                let per = n.div_ceil(w);
+                Counts::Uniform(cap(per).saturating_mul(w).min(*n))
+            } else {
+                Counts::Uniform(cap(*n))
+            }
+        }
+        Counts::PerRank(v) => Counts::PerRank(v.iter().map(|&n| cap(n)).collect()),
+        Counts::PerPair(m) => Counts::PerPair(m.iter().map(|r| r.iter().map(|&n| cap(n)).collect()).collect()),
+    };
+    t
+}
+
+/// Where a step sits, for messages: `block b step i[.j]`.
+pub fn step_name(path: crate::plan::StepPath) -> String {
+    format!("block {} step {}", path.0, fmt_path(path))
+}
