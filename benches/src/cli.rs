@@ -67,7 +67,7 @@ usage: purlin-bench [options]          one process, one thread per GPU
   --seed N           input seed                                        [1]
   --out DIR          write results.csv, results.json, table.txt, plot-*.png
   --no-probe         skip the calibration probe (one process: copy-engine GPU0<->GPU1)
-  --quick            8 B..64 MiB x4 steps, warmup 2, iters 10, runs <= 10, budget 0.1 s
+  --quick            8 B..32 MiB x4 steps, warmup 2, iters 10, runs <= 10, budget 0.1 s
                      (flags after --quick override it)
 
 size = nccl-tests' size: all-reduce the buffer, all-gather(-v) the whole output,

@@ -237,3 +237,111 @@ pub fn probe_copy_engine(a: &Gpu, b: &Gpu) -> Result<Vec<String>> {
         a.ordinal, b.ordinal
     )])
 }
+
+/// A replayable capture of `iters` calls (a CUDA graph on a GPU).
+pub trait Replay {
+    /// Replays it on the device's stream (asynchronously).
+    fn launch(&self) -> Result<()>;
+}
+
+impl Replay for CudaGraph {
+    fn launch(&self) -> Result<()> {
+        CudaGraph::launch(self).map_err(|e| anyhow::anyhow!("graph launch: {e}"))
+    }
+}
+
+/// What the sweep needs of a rank's device: memory at raw addresses, a stream to wait for,
+/// and graph capture. A [`Gpu`]; or [`HostDevice`], host memory, where backends run on CPU
+/// threads (Purlin's host executor, and the tests of the sweep itself).
+pub trait Device {
+    /// Binds the device to the calling thread (a no-op on the host).
+    fn bind(&self) -> Result<()>;
+    /// Copies `src` to `dst` and waits for it.
+    fn upload(&self, dst: u64, src: &[u8]) -> Result<()>;
+    /// Copies `src` into `dst` and waits for it.
+    fn download(&self, dst: &mut [u8], src: u64) -> Result<()>;
+    /// Fills `bytes` at `dst` with `value`, in order with the calls.
+    fn fill(&self, dst: u64, value: u8, bytes: usize) -> Result<()>;
+    /// Waits until the calls issued so far are done (bounded; watches the peers' abort flag
+    /// and `async_error`).
+    fn sync(&self, coord: &Coord, timeout: Duration, async_error: &dyn Fn() -> Option<String>) -> Result<()>;
+    /// Captures what `issue` enqueues into a replayable graph; `Ok(None)` where the device
+    /// cannot capture (graph mode is then reported unsupported).
+    fn capture(
+        &self,
+        issue: &mut dyn FnMut() -> Result<(), crate::backend::CallError>,
+    ) -> Result<Option<Box<dyn Replay>>, crate::backend::CallError>;
+}
+
+impl Device for Gpu {
+    fn bind(&self) -> Result<()> {
+        Gpu::bind(self)
+    }
+    fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
+        Gpu::upload(self, dst, src)
+    }
+    fn download(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        Gpu::download(self, dst, src)
+    }
+    fn fill(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        Gpu::fill(self, dst, value, bytes)
+    }
+    fn sync(&self, coord: &Coord, timeout: Duration, async_error: &dyn Fn() -> Option<String>) -> Result<()> {
+        Gpu::sync(self, coord, timeout, async_error)
+    }
+    fn capture(
+        &self,
+        issue: &mut dyn FnMut() -> Result<(), crate::backend::CallError>,
+    ) -> Result<Option<Box<dyn Replay>>, crate::backend::CallError> {
+        use crate::backend::CallError;
+        self.begin_capture().map_err(|e| CallError::Failed(format!("{e:#}")))?;
+        let issued = issue();
+        // Always end the capture, even when a call failed, so the stream is usable again.
+        let graph = self.end_capture();
+        issued?;
+        match graph {
+            Ok(g) => Ok(Some(Box::new(g))),
+            Err(e) => Err(CallError::Failed(format!("{e:#}"))),
+        }
+    }
+}
+
+/// Host memory as a device: addresses are host pointers, every call completes before it
+/// returns, nothing can be captured.
+#[derive(Debug, Default)]
+pub struct HostDevice;
+
+impl Device for HostDevice {
+    fn bind(&self) -> Result<()> {
+        Ok(())
+    }
+    fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: on a HostDevice, backends hand out addresses of host buffers of at least the
+        // case's size, alive while the backend is.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+    fn download(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        // SAFETY: as in upload.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+    fn fill(&self, dst: u64, value: u8, bytes: usize) -> Result<()> {
+        // SAFETY: as in upload.
+        unsafe { std::ptr::write_bytes(dst as *mut u8, value, bytes) };
+        Ok(())
+    }
+    fn sync(&self, coord: &Coord, _timeout: Duration, async_error: &dyn Fn() -> Option<String>) -> Result<()> {
+        coord.check()?;
+        match async_error() {
+            Some(e) => bail!("{e}"),
+            None => Ok(()),
+        }
+    }
+    fn capture(
+        &self,
+        _issue: &mut dyn FnMut() -> Result<(), crate::backend::CallError>,
+    ) -> Result<Option<Box<dyn Replay>>, crate::backend::CallError> {
+        Ok(None)
+    }
+}

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::backend::{Backend, BackendKind, CallError, Status};
 use crate::coord::Coord;
-use crate::gpu::Gpu;
+use crate::gpu::{Device, Gpu};
 use crate::nccl;
 use crate::spec::{Case, Collective, Dtype, Mode, Op, POISON, sweep_sizes};
 
@@ -211,31 +211,49 @@ pub type Progress<'a> = &'a dyn Fn(&str);
 
 /// Runs the sweep on one rank. Every rank must call it with the same configuration.
 pub fn run_rank(cfg: &Config, gpu: &Gpu, coord: &Coord, purlin: PurlinComm, progress: Progress<'_>) -> Outcome {
-    let mut out = Outcome::default();
+    let mut statuses = Vec::new();
     let mut backends: Vec<Box<dyn Backend>> = Vec::new();
-    if let Err(e) = gpu.bind() {
-        coord.abort(&format!("rank {}: {e:#}", coord.rank()));
-        out.error = Some(format!("{e:#}"));
-        return out;
-    }
-    let r = open_backends(cfg, gpu, coord, purlin, &mut out.backends, &mut backends, progress)
-        .and_then(|()| sweep(cfg, gpu, coord, &mut backends, &mut out.rows, progress));
-    if let Err(e) = r {
+    let opened =
+        gpu.bind().and_then(|()| open_backends(cfg, gpu, coord, purlin, &mut statuses, &mut backends, progress));
+    let mut out = match opened {
+        Ok(()) => run_backends(cfg, gpu, coord, &mut backends, progress),
+        Err(e) => {
+            let msg = format!("rank {}: {e:#}", coord.rank());
+            coord.abort(&msg);
+            Outcome { error: Some(msg), ..Outcome::default() }
+        }
+    };
+    out.backends = statuses;
+    drop(backends);
+    out
+}
+
+/// Runs the sweep on one rank with backends already set up (every rank: the same kinds, in
+/// the same order).
+pub fn run_backends(
+    cfg: &Config,
+    dev: &dyn Device,
+    coord: &Coord,
+    backends: &mut [Box<dyn Backend>],
+    progress: Progress<'_>,
+) -> Outcome {
+    let mut out = Outcome::default();
+    if let Err(e) = sweep(cfg, dev, coord, backends, &mut out.rows, progress) {
         let msg = format!("rank {}: {e:#}", coord.rank());
         coord.abort(&msg);
-        for b in &mut backends {
+        for b in backends.iter_mut() {
             b.abort();
         }
-        out.error = Some(
-            coord
-                .aborted()
-                .map_or(msg, |(r, why)| format!("rank {r}: {}", why.trim_start_matches(&format!("rank {r}: ")))),
-        );
+        out.error = Some(match coord.aborted() {
+            Some((r, why)) if r != coord.rank() => {
+                format!("rank {r}: {}", why.trim_start_matches(&format!("rank {r}: ")))
+            }
+            _ => msg,
+        });
     } else {
         // Tear down in the same order on every rank (NCCL window deregistration is collective).
         let _ = coord.barrier();
     }
-    drop(backends);
     out
 }
 
@@ -310,7 +328,7 @@ fn open_backends(
 
 fn sweep(
     cfg: &Config,
-    gpu: &Gpu,
+    gpu: &dyn Device,
     coord: &Coord,
     backends: &mut [Box<dyn Backend>],
     rows: &mut Vec<Row>,
@@ -410,7 +428,7 @@ fn agree_call(coord: &Coord, local: Result<(), CallError>) -> Result<Result<(), 
 #[allow(clippy::too_many_arguments)]
 fn measure(
     cfg: &Config,
-    gpu: &Gpu,
+    gpu: &dyn Device,
     coord: &Coord,
     be: &mut dyn Backend,
     case: &Case,
@@ -432,22 +450,19 @@ fn measure(
             be.enqueue(case)
         }
         Mode::Graph => {
-            gpu.begin_capture()?;
-            let mut r = Ok(());
-            for _ in 0..iters {
-                r = be.enqueue(case);
-                if r.is_err() {
-                    break;
+            let mut issue = || -> Result<(), CallError> {
+                for _ in 0..iters {
+                    be.enqueue(case)?;
                 }
-            }
-            let g = gpu.end_capture();
-            match (r, g) {
-                (Ok(()), Ok(g)) => {
+                Ok(())
+            };
+            match gpu.capture(&mut issue) {
+                Ok(Some(g)) => {
                     graph = Some(g);
                     Ok(())
                 }
-                (Err(e), _) => Err(e),
-                (Ok(()), Err(e)) => Err(CallError::Failed(format!("{e:#}"))),
+                Ok(None) => Err(CallError::Unsupported("graph mode needs a GPU".into())),
+                Err(e) => Err(e),
             }
         }
     };
@@ -457,7 +472,7 @@ fn measure(
     let async_err = || be_async_error(be);
     if let Some(g) = &graph {
         gpu.fill(recv, POISON, out_bytes)?;
-        g.launch().map_err(|e| anyhow!("graph launch: {e}"))?;
+        g.launch()?;
     }
     gpu.sync(coord, timeout, &async_err)?;
     host_out.resize(out_bytes, 0);
@@ -477,7 +492,7 @@ fn measure(
     let one_run = |be: &mut dyn Backend| -> Result<f64> {
         let t0 = Instant::now();
         match &graph {
-            Some(g) => g.launch().map_err(|e| anyhow!("graph launch: {e}"))?,
+            Some(g) => g.launch()?,
             None => {
                 for _ in 0..iters {
                     be.enqueue(case).map_err(|e| anyhow!("{kind}: {:?}", Status::from(e)))?;
