@@ -158,7 +158,7 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
         let mut h1 = format!("# {:>10} {:>12} {:>5} {:>6} ", "", "", "", "");
         let mut h2 = format!("# {:>10} {:>12} {:>5} {:>6} ", "size", "count", "type", "redop");
         for b in backends {
-            let name = format!("{b} ");
+            let name = format!(" {b} ");
             let _ = write!(h1, "| {name:-^CELL_W$} ");
             let _ = write!(h2, "| {:>9} {:>9} {:>7} {:>7} {:>8} ", "time(us)", "p99(us)", "algbw", "busbw", "#wrong");
         }
@@ -171,7 +171,7 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
         }
         let _ = writeln!(s, "{}", h1.trim_end());
         let _ = writeln!(s, "{}", h2.trim_end());
-        for r in block {
+        for r in &block {
             let mut line = format!(
                 "  {:>10} {:>12} {:>5} {:>6} ",
                 format_size(r.bytes),
@@ -188,6 +188,17 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
                 }
             }
             let _ = writeln!(s, "{}", line.trim_end());
+        }
+        // Why cells are empty, once per backend and reason.
+        let mut reasons: Vec<(BackendKind, &str)> = Vec::new();
+        for c in block.iter().flat_map(|r| &r.cells) {
+            match c.status.reason() {
+                Some(why) if !reasons.contains(&(c.backend, why)) => reasons.push((c.backend, why)),
+                _ => {}
+            }
+        }
+        for (b, why) in reasons {
+            let _ = writeln!(s, "#   {b}: {why}");
         }
     }
     let wrong: u64 = rows.iter().flat_map(|r| &r.cells).filter_map(|c| c.wrong).sum();

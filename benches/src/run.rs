@@ -164,10 +164,13 @@ impl Row {
         self.cells.iter().find(|c| c.backend == backend)
     }
 
-    /// NCCL time / Purlin time against `baseline`, where both were measured.
+    /// NCCL time / Purlin time against `baseline`, where both were measured and correct.
     pub fn speedup(&self, baseline: BackendKind) -> Option<f64> {
-        let p = self.cell(BackendKind::Purlin)?.time_us?;
-        let b = self.cell(baseline)?.time_us?;
+        let (p, b) = (self.cell(BackendKind::Purlin)?, self.cell(baseline)?);
+        if p.wrong != Some(0) || b.wrong != Some(0) {
+            return None;
+        }
+        let (p, b) = (p.time_us?, b.time_us?);
         (p > 0.0).then(|| b / p)
     }
 }
