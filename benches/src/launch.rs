@@ -149,7 +149,7 @@ pub fn launch(args: &Args) -> Result<Launched> {
             ));
             let mut comms: Vec<PurlinComm> = if args.config.backends.contains(&BackendKind::Purlin) {
                 let t0 = Instant::now();
-                match purlin::comms_for_threads(devs.iter().map(|g| g.stream.clone()).collect()) {
+                match purlin::comms_for_threads(devs.iter().map(|g| g.stream.clone()).collect(), timeout) {
                     Ok(v) => {
                         p0(&format!("purlin: communicators ready in {:.1} s", t0.elapsed().as_secs_f64()));
                         v.into_iter().map(|c| PurlinComm::Ready(Box::new(c))).collect()

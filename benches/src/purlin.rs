@@ -13,20 +13,29 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
-use purlin_collectives::{Comm, Error, Id, ReduceOp};
+use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp};
 
 use crate::backend::{Backend, BackendKind, CallError};
 use crate::coord::Coord;
 use crate::gpu::Gpu;
 use crate::spec::{Case, Collective, Dtype, Op};
 
+/// The communicator's settings: its environment (`PURLIN_*`), with every host-side wait
+/// bounded by the benchmark's `--timeout`.
+fn config(timeout: std::time::Duration) -> Result<CommConfig> {
+    let mut c = CommConfig::from_env().map_err(|e| anyhow!("purlin configuration: {e}"))?;
+    c.timeout = timeout;
+    Ok(c)
+}
+
 /// Makes every rank's communicator in one process (rank `i` on `streams[i]`).
-pub fn comms_for_threads(streams: Vec<Arc<CudaStream>>) -> Result<Vec<Comm>> {
-    Comm::from_devices(streams).map_err(|e| anyhow!("purlin_collectives::Comm::from_devices: {e}"))
+pub fn comms_for_threads(streams: Vec<Arc<CudaStream>>, timeout: std::time::Duration) -> Result<Vec<Comm>> {
+    Comm::from_devices_with_config(streams, config(timeout)?)
+        .map_err(|e| anyhow!("purlin_collectives::Comm::from_devices: {e}"))
 }
 
 /// Makes this rank's communicator, one process per GPU (every rank calls it).
-pub fn comm_for_process(gpu: &Gpu, coord: &Coord) -> Result<Comm> {
+pub fn comm_for_process(gpu: &Gpu, coord: &Coord, timeout: std::time::Duration) -> Result<Comm> {
     let mine: Vec<u8> = if coord.rank() == 0 {
         match Id::new() {
             Ok(id) => id.internal().iter().map(|c| *c as u8).collect(),
@@ -43,7 +52,7 @@ pub fn comm_for_process(gpu: &Gpu, coord: &Coord) -> Result<Comm> {
     for (d, s) in internal.iter_mut().zip(&got) {
         *d = *s as _;
     }
-    Comm::from_rank(gpu.stream.clone(), coord.rank(), coord.world(), Id::uninit(internal))
+    Comm::from_rank_with_config(gpu.stream.clone(), coord.rank(), coord.world(), Id::uninit(internal), config(timeout)?)
         .map_err(|e| anyhow!("purlin_collectives::Comm::from_rank: {e}"))
 }
 

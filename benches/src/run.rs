@@ -292,7 +292,7 @@ fn open_backends(
                 let comm = match purlin.take().unwrap_or(PurlinComm::None) {
                     PurlinComm::Ready(c) => Ok(*c),
                     PurlinComm::Failed(why) => Err(anyhow!(why)),
-                    PurlinComm::PerProcess => crate::purlin::comm_for_process(gpu, coord),
+                    PurlinComm::PerProcess => crate::purlin::comm_for_process(gpu, coord, cfg.timeout()),
                     PurlinComm::None => Err(anyhow!("no communicator was made")),
                 };
                 let b = comm.and_then(|c| crate::purlin::Purlin::new(gpu, c, send_bytes, recv_bytes));
