@@ -125,8 +125,12 @@ fn draw(rgb: &mut [u8], title: &str, series: &[Series], w: u32, h: u32) -> Resul
         if busbw {
             let c = chart.build_cartesian_2d((xmin..xmax).log_scale().base(4.0), 0.0..bw_max)?;
             lines!(c, |p: &(usize, f64, f64)| p.1);
-        } else {
+        } else if tmax / tmin >= 30.0 {
             let c = chart.build_cartesian_2d((xmin..xmax).log_scale().base(4.0), (tmin..tmax).log_scale())?;
+            lines!(c, |p: &(usize, f64, f64)| p.2);
+        } else {
+            // Less than a decade and a half: a log axis would show one label at most.
+            let c = chart.build_cartesian_2d((xmin..xmax).log_scale().base(4.0), 0.0..tmax / 1.5 * 1.1)?;
             lines!(c, |p: &(usize, f64, f64)| p.2);
         }
     }

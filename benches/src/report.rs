@@ -284,14 +284,21 @@ pub fn write_all(dir: &Path, rows: &[Row], backends: &[BackendKind], meta: &Meta
             continue;
         }
         let first = block[0];
-        let title = format!(
-            "{collective} {} {} {mode}, world {} ({}), {}",
-            first.dtype,
-            first.op.map_or("", |o| o.name()),
+        let mut title = format!("{collective} {}", first.dtype);
+        if let Some(op) = first.op {
+            title.push_str(&format!(" {op}"));
+        }
+        title.push_str(&format!(
+            ", {mode}, world {} ({})",
             first.world,
-            meta.launcher,
-            meta.gpus.first().map_or("?", |g| g.as_str())
-        );
+            if meta.launcher == "torchrun" { "torchrun, a process per GPU" } else { "one process" }
+        ));
+        if let Some(g) = meta.gpus.first() {
+            title.push_str(&format!(", {g}"));
+        }
+        if meta.date.len() >= 10 {
+            title.push_str(&format!(", {}", &meta.date[..10]));
+        }
         let png = crate::plot::render_png(&title, &series, 1400, 560)?;
         let p = dir.join(format!("plot-{collective}-{mode}.png"));
         std::fs::write(&p, png).with_context(|| format!("write {}", p.display()))?;

@@ -167,6 +167,19 @@ fn host_sweep_checks_times_and_agrees() {
     let meta = report_meta();
     let t = report::table(rows, &args.config.backends, &meta);
     print!("{t}");
+    // The files, from real (host) measurements; kept where PURLIN_BENCH_PLOT_DIR says.
+    let dir = std::env::var("PURLIN_BENCH_PLOT_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir().join(format!("purlin-bench-host-{}", std::process::id())));
+    let files = report::write_all(&dir, rows, &args.config.backends, &meta).unwrap();
+    assert!(files.iter().any(|f| f.ends_with("plot-all-gather-eager.png")), "{files:?}");
+    // Graph mode measured nothing here: no plot for it.
+    assert!(!files.iter().any(|f| f.ends_with("plot-all-gather-graph.png")), "{files:?}");
+    let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 56 * 2);
+    if std::env::var("PURLIN_BENCH_PLOT_DIR").is_err() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     assert!(t.contains("not implemented yet"));
     assert!(t.contains("#   purlin: no all-to-all yet"), "{t}");
     assert!(t.contains("#   nccl: graph mode needs a GPU"), "{t}");
