@@ -84,8 +84,11 @@ pub fn launch(args: &Args) -> Result<Launched> {
     if gpus == 0 {
         return Ok(no_gpu(args, meta));
     }
-    if let Ok(t) = purlin_topo::Topology::probe() {
-        meta.topology = serde_json::to_value(&t).ok();
+    // The topology goes into rank 0's metadata (the other ranks of a torchrun launch skip
+    // the probe, which touches every GPU).
+    let rank0 = launcher != Launcher::Torchrun || std::env::var("RANK").is_ok_and(|r| r.trim() == "0");
+    if rank0 {
+        meta.topology = purlin_topo::Topology::probe().ok().and_then(|t| serde_json::to_value(&t).ok());
     }
     let progress = move |rank0: bool| {
         move |msg: &str| {
