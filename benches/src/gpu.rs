@@ -165,24 +165,26 @@ pub struct DeviceBuffer {
     pub ptr: u64,
     /// Its size in bytes.
     pub bytes: usize,
+    ctx: Arc<CudaContext>,
 }
 
 impl DeviceBuffer {
-    /// Allocates `bytes` (at least 256) on the current context.
+    /// Allocates `bytes` (at least 256) on `gpu`.
     pub fn new(gpu: &Gpu, bytes: usize) -> Result<DeviceBuffer> {
         gpu.bind()?;
         let bytes = bytes.max(256);
         // SAFETY: a plain allocation on the bound context; freed in Drop.
         let ptr = unsafe { result::malloc_sync(bytes) }
             .with_context(|| format!("cuMemAlloc of {bytes} bytes on GPU {}", gpu.ordinal))?;
-        Ok(DeviceBuffer { ptr, bytes })
+        Ok(DeviceBuffer { ptr, bytes, ctx: gpu.ctx.clone() })
     }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // SAFETY: ptr came from cuMemAlloc and is freed once; the owner synchronized its
-        // stream before dropping (backends are dropped after their last sync).
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: ptr came from cuMemAlloc in this context and is freed once; the owner
+        // synchronized its stream before dropping (backends are dropped after their last sync).
         let _ = unsafe { result::free_sync(self.ptr) };
     }
 }

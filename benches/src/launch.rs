@@ -120,11 +120,21 @@ pub fn launch(args: &Args) -> Result<Launched> {
                 bail!("LOCAL_RANK {local_rank}: only {gpus} GPUs are visible");
             }
             let gpu = Gpu::open(ordinal)?;
+            // The calibration probe: rank 0, before the others meet it, when it sees GPU 1.
+            if rank == 0 && args.probe && world >= 2 && ordinal == 0 && gpus >= 2 {
+                match Gpu::open(1).and_then(|peer| gpu::probe_copy_engine(&gpu, &peer)) {
+                    Ok(lines) => meta.limits = lines,
+                    Err(e) => eprintln!("purlin-bench: calibration probe failed: {e:#}"),
+                }
+            }
             let region = Region::shared(&torchrun_key(), rank, world, timeout)?;
             let coord = Coord::new(Arc::new(region), rank, world, timeout);
             meta.world = world;
             meta.gpus = coord.all_strings(&gpu.name)?;
             let p = progress(rank == 0);
+            for l in &meta.limits {
+                p(&format!("limits: {l}"));
+            }
             p(&format!(
                 "torchrun: rank {rank}/{world} on GPU {ordinal} ({}), nccl {}",
                 gpu.name,
