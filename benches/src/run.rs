@@ -226,6 +226,23 @@ pub fn run_rank(cfg: &Config, gpu: &Gpu, coord: &Coord, purlin: PurlinComm, prog
             Outcome { error: Some(msg), ..Outcome::default() }
         }
     };
+    // Backends that could not be set up still get their cells, saying why.
+    for row in &mut out.rows {
+        let mut cells = Vec::with_capacity(cfg.backends.len());
+        for &kind in &cfg.backends {
+            match row.cells.iter().position(|c| c.backend == kind) {
+                Some(i) => cells.push(row.cells.swap_remove(i)),
+                None => {
+                    let status = statuses
+                        .iter()
+                        .find(|(b, _)| *b == kind)
+                        .map_or(Status::Unavailable("not set up".into()), |(_, s)| s.clone());
+                    cells.push(Cell::status(kind, status));
+                }
+            }
+        }
+        row.cells = cells;
+    }
     out.backends = statuses;
     drop(backends);
     out
