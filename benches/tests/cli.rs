@@ -1,0 +1,70 @@
+//! The `purlin-bench` binary as a user meets it: bad arguments exit 2 with the usage; a tiny
+//! sweep exits cleanly and writes valid results (without a GPU it says so; with one it
+//! measures a few all-reduce sizes).
+
+use std::process::Command;
+
+fn bench() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_purlin-bench"));
+    c.env("NCCL_NVLS_ENABLE", "0");
+    c
+}
+
+#[test]
+fn bad_arguments_exit_2_with_usage() {
+    let out = bench().args(["--collective", "broadcast"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown collective \"broadcast\""), "{err}");
+    assert!(err.contains("usage: purlin-bench"), "{err}");
+}
+
+#[test]
+fn help_lists_every_flag() {
+    let out = bench().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--collective",
+        "--dtype",
+        "--op",
+        "--min",
+        "--max",
+        "--mode",
+        "--launcher",
+        "--world",
+        "--warmup",
+        "--iters",
+        "--blocks",
+        "--skew",
+        "--out",
+        "--quick",
+        "--backends",
+    ] {
+        assert!(text.contains(flag), "{flag} missing from --help");
+    }
+}
+
+#[test]
+fn a_tiny_sweep_writes_valid_results() {
+    let dir = std::env::temp_dir().join(format!("purlin-bench-cli-{}", std::process::id()));
+    let out = bench()
+        .args(["--quick", "--max", "64", "--collective", "all-reduce", "--launcher", "none", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.lines().last().unwrap_or("").starts_with("BENCH ok"), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    assert!(json["meta"]["command"].as_str().unwrap().contains("--collective all-reduce"));
+    assert!(json["meta"]["commit"].as_str().unwrap().len() >= 7);
+    if json["meta"]["world"] == 0 {
+        assert!(stderr.contains("no GPU"), "{stderr}");
+        assert!(json["meta"]["notes"][0].as_str().unwrap().contains("no GPU"));
+    } else {
+        assert!(!json["rows"].as_array().unwrap().is_empty());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
