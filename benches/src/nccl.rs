@@ -297,8 +297,15 @@ impl Backend for Nccl {
 
     fn enqueue(&mut self, case: &Case) -> Result<(), CallError> {
         self.call(case).map_err(|e| {
-            self.broken = true;
-            CallError::Failed(e)
+            // NCCL checks its arguments on the host before it launches anything, the same way
+            // on every rank: an argument NCCL refuses (an op it lacks for a type, say) is a
+            // row NCCL does not support, not a broken communicator.
+            if e.contains("ncclInvalidArgument") || e.contains("ncclInvalidUsage") {
+                CallError::Unsupported(e)
+            } else {
+                self.broken = true;
+                CallError::Failed(e)
+            }
         })
     }
 
