@@ -186,6 +186,7 @@ fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
     let stream = g.ctxs[0].default_stream();
     let mut rng = Rng::new(0x5eed_0002);
     const MAX: usize = (8 << 20) + 13;
+    const DST_SLACK: usize = 64;
     let small = [0usize, 1, 2, 15, 16, 17, 31, 255, 4095, 4096, 4097, 65_537];
     let large = [1_000_003usize, MAX];
     // (src offset, dst offset): aligned, equally misaligned, misaligned by a multiple of 4,
@@ -198,14 +199,15 @@ fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
         let src_host = rng.bytes(MAX + GUARD);
         let src = buffer(ctx_of(sp), MAX + GUARD);
         src.upload(0, &src_host).expect("upload");
-        let dst = buffer(ctx_of(dp), MAX + 2 * GUARD);
+        // Room for the largest destination offset (32) past MAX, plus a guard on each side.
+        let dst = buffer(ctx_of(dp), MAX + 2 * GUARD + DST_SLACK);
         for &generation in &g.generations {
             let atom = DeviceAtom::new(&g.ctxs[0], Some(generation), &g.cache).expect("atom");
             let mut run = |size: usize, so: usize, doff: usize, blocks: u32| {
                 dst.fill(POISON).expect("poison");
                 let d = GUARD + doff;
                 // SAFETY: src holds MAX + GUARD bytes and so + size <= that; dst holds
-                // MAX + 2 GUARD bytes and d + size <= that; peer access is enabled.
+                // MAX + 2 GUARD + DST_SLACK bytes and d + size <= that; peer access is enabled.
                 unsafe { atom.copy_raw(&stream, dst.ptr() + d as u64, src.ptr() + so as u64, size, blocks) }
                     .expect("copy");
                 stream.synchronize().expect("sync");
@@ -453,6 +455,7 @@ fn gpu_bulk_copy_engine_variant_matches() {
     let mut failures = Failures::default();
     let mut cases = 0;
     const MAX: usize = (4 << 20) + 77;
+    const DST_SLACK: usize = 64;
     for (threads, depth, vecs) in [(512u32, 5u32, 2u32), (256, 2, 1), (512, 3, 8)] {
         let params = purlin_atom::AtomParams { threads, depth, vecs, bulk: true };
         let spec = AtomSpec::with_params(Generation::Hopper, params).expect("spec");
@@ -462,7 +465,8 @@ fn gpu_bulk_copy_engine_variant_matches() {
             let src_host = rng.bytes(MAX + GUARD);
             let src = buffer(ctx_of(sp), MAX + GUARD);
             src.upload(0, &src_host).expect("upload");
-            let dst = buffer(ctx_of(dp), MAX + 2 * GUARD);
+            // Room for the largest destination offset (32) past MAX, plus a guard on each side.
+            let dst = buffer(ctx_of(dp), MAX + 2 * GUARD + DST_SLACK);
             for &size in &[16usize, 1000, 16 * 1024, 16 * 1024 + 16, 100_000, 1_000_003, MAX - 3] {
                 for &(so, doff, blocks) in &[(0usize, 0usize, 1u32), (3, 3, 5), (0, 0, 16), (16, 32, 64)] {
                     dst.fill(POISON).expect("poison");
