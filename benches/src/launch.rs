@@ -217,13 +217,13 @@ fn purlin_comm_process(args: &Args) -> PurlinComm {
     if args.config.backends.contains(&BackendKind::Purlin) { PurlinComm::PerProcess } else { PurlinComm::None }
 }
 
-/// Without a GPU: says so (the host executor will run here once it exists) and writes the
+/// Without a GPU: says so (Purlin will run here on its host executor once `Comm` can) and writes the
 /// metadata, so a CI run shows what it would measure.
 fn no_gpu(args: &Args, mut meta: Meta) -> Launched {
     let why = if gpu::driver_present() { "no CUDA device is visible" } else { "no CUDA driver (libcuda.so.1)" };
     let note = format!(
-        "no GPU: {why}. Purlin's host executor (the path without GPUs) does not exist yet, and NCCL needs GPUs: \
-         nothing to measure"
+        "no GPU: {why}. purlin_collectives::Comm cannot run without a GPU yet (its host executor is not \
+         reachable through Comm), and NCCL needs GPUs: nothing to measure"
     );
     meta.notes.push(note.clone());
     meta.backends = args
