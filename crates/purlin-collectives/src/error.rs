@@ -108,6 +108,12 @@ pub enum Error {
     /// The operation, dtype or op is not supported (yet).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The call's arguments do not make a valid collective (sizes, counts, world, dtype/op).
+    #[error(transparent)]
+    Spec(#[from] purlin_snac::SpecError),
+    /// No plan could be made for the call with this communicator's resources.
+    #[error("no plan for this call: {0}")]
+    Plan(#[from] purlin_snac::DeriveError),
 }
 
 impl Error {

@@ -16,6 +16,7 @@ pub mod id;
 pub mod kernels;
 pub mod nccl;
 pub mod smoke;
+pub mod tuning;
 pub mod workspace;
 
 pub use comm::{Comm, CommConfig, ReduceOp};
