@@ -46,6 +46,7 @@
 //! repeats the states of laps already explored with the epoch shifted.
 
 pub mod mem;
+pub mod mutate;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -192,6 +193,42 @@ impl Report {
     }
 }
 
+/// A serialized scenario: back-to-back calls and what the verifier must say about them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Corpus {
+    pub description: String,
+    /// `None`: must verify; `Some(property)`: must be rejected with that property (its
+    /// [`Property`] display name).
+    pub expect: Option<String>,
+    pub calls: Vec<Vec<Plan>>,
+}
+
+impl Corpus {
+    /// Reads a scenario from bincode (a `Corpus`, a `Vec<Vec<Plan>>` or a `Vec<Plan>`).
+    pub fn from_bytes(data: &[u8]) -> Result<Corpus, String> {
+        let cfg = bincode::config::standard();
+        if let Ok((c, n)) = bincode::serde::decode_from_slice::<Corpus, _>(data, cfg) {
+            if n == data.len() {
+                return Ok(c);
+            }
+        }
+        if let Ok((calls, n)) = bincode::serde::decode_from_slice::<Vec<Vec<Plan>>, _>(data, cfg) {
+            if n == data.len() {
+                return Ok(Corpus { description: "plans".into(), expect: None, calls });
+            }
+        }
+        match crate::plan::decode_plans(data) {
+            Ok(p) => Ok(Corpus { description: "one call".into(), expect: None, calls: vec![p] }),
+            Err(e) => Err(format!("not a serialized corpus, call list or plan set: {e}")),
+        }
+    }
+
+    /// Serializes with bincode.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        bincode::serde::encode_to_vec(self, bincode::config::standard()).unwrap_or_default()
+    }
+}
+
 /// Verifies one call (a plan per rank).
 pub fn verify_call(plans: &[Plan], opts: &Options) -> Report {
     verify(&[plans.to_vec()], opts)
@@ -290,7 +327,6 @@ pub fn max_epoch_offset(p: &Plan) -> i128 {
 
 fn static_checks(calls: &[Vec<Plan>], opts: &Options) -> Result<(), Violation> {
     for (k, plans) in calls.iter().enumerate() {
-        check_set(plans).map_err(|e| viol(Property::Structure, format!("call {k}: {e}")))?;
         for p in plans {
             let bound = opts.max_coresident_blocks.unwrap_or(u32::MAX).min(p.max_coresident_blocks);
             if p.blocks.len() > bound as usize {
@@ -303,6 +339,12 @@ fn static_checks(calls: &[Vec<Plan>], opts: &Options) -> Result<(), Violation> {
                     ),
                 ));
             }
+        }
+        if calls.first().is_some_and(|c| c.len() != plans.len()) {
+            return Err(viol(Property::Structure, format!("call {k} has a different world")));
+        }
+        check_set(plans).map_err(|e| viol(Property::Structure, format!("call {k}: {e}")))?;
+        for p in plans {
             if p.blocks.is_empty() {
                 continue;
             }
@@ -1163,13 +1205,13 @@ impl<'a> Model<'a> {
     }
 
     /// Takes every eager step until none is left; returns the enabled non-eager ones.
-    fn closure(&self, st: &mut St, trace: &mut Vec<String>) -> Result<Vec<Tr>, Violation> {
+    fn closure(&self, st: &mut St, trace: &mut Vec<String>, por: bool) -> Result<Vec<Tr>, Violation> {
         loop {
             let mut progressed = false;
             let mut branching = vec![];
             for pid in 0..self.who.len() {
                 while let Some(eager) = self.status(st, pid) {
-                    if eager || self.independent(st, pid) {
+                    if eager || (por && self.independent(st, pid)) {
                         self.fire(st, pid, trace)?;
                         progressed = true;
                     } else {
@@ -1210,7 +1252,7 @@ impl<'a> Model<'a> {
             let mut trace = vec![];
             let mut steps = 0u64;
             loop {
-                let en = self.closure(&mut st, &mut trace).map_err(|v| with_trace(v, &trace))?;
+                let en = self.closure(&mut st, &mut trace, false).map_err(|v| with_trace(v, &trace))?;
                 let Some(t) = en.iter().max_by_key(|t| prio[t.pid]) else {
                     if let Some(v) = self.deadlock(&mut st) {
                         return Err(with_trace(v, &trace));
@@ -1255,9 +1297,13 @@ struct Explorer<'m, 'a> {
 impl Explorer<'_, '_> {
     fn dfs(&mut self, mut st: St) -> Result<(), Stop> {
         let mark = self.trace.len();
-        let en = match self.m.closure(&mut st, &mut self.trace) {
+        let en = match self.m.closure(&mut st, &mut self.trace, true) {
             Ok(en) => en,
-            Err(v) => return Err(with_trace(v, &self.trace).into()),
+            Err(v) => {
+                // Count the state the violation was found in.
+                self.states += 1;
+                return Err(with_trace(v, &self.trace).into());
+            }
         };
         if !self.seen.insert(st.fingerprint()) {
             self.trace.truncate(mark);
@@ -1286,6 +1332,7 @@ impl Explorer<'_, '_> {
             let mut s2 = st.clone();
             let m2 = self.trace.len();
             if let Err(v) = self.m.fire(&mut s2, t.pid, &mut self.trace) {
+                self.states += 1;
                 return Err(with_trace(v, &self.trace).into());
             }
             self.dfs(s2)?;
