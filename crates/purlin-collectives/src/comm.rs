@@ -31,9 +31,13 @@ use purlin_topo::{Device, GenerationHint};
 
 use crate::device::{IpcBackend, PeerBackend, max_coresident_blocks};
 use crate::error::{Error, driver};
+use crate::exec_device::{DeviceExecutor, ExecParams, ExecRuntime};
 use crate::host::{DEFAULT_TIMEOUT, HostComm};
 use crate::id::{Id, TorchEnv};
+use crate::tuning::{PlanLimits, Tuning};
 use crate::workspace::{FLAG_SLOTS, SymmetricWorkspace, TeardownReport, WorkspaceConfig, WorkspaceLayout};
+use purlin_snac::{CollectiveSpec, Plan};
+use std::collections::HashMap;
 
 /// Communicator settings. [`CommConfig::from_env`] is what the cudarc-shaped constructors use.
 #[derive(Debug, Clone)]
@@ -49,6 +53,10 @@ pub struct CommConfig {
     /// compiling for seconds is not taken for dead later), each with its co-residency bound
     /// agreed across ranks. Every rank must request the same list.
     pub kernels: Vec<KernelRequest>,
+    /// Bound of every device wait of a collective (default 300 s, like torch's NCCL timeout).
+    pub device_timeout: Duration,
+    /// How calls are planned ([`Tuning::from_env`] by default).
+    pub tuning: Tuning,
 }
 
 /// A kernel the communicator compiles, loads and bounds at set-up (see [`CommConfig::kernels`]).
@@ -93,6 +101,8 @@ impl Default for CommConfig {
             workspace: WorkspaceConfig::default(),
             kernel_cache: None,
             kernels: Vec::new(),
+            device_timeout: DEFAULT_TIMEOUT,
+            tuning: Tuning::default(),
         }
     }
 }
@@ -101,7 +111,7 @@ impl CommConfig {
     /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional) and the
     /// workspace variables of [`WorkspaceConfig::from_env`].
     pub fn from_env() -> Result<Self, Error> {
-        let mut c = Self { workspace: WorkspaceConfig::from_env()?, ..Self::default() };
+        let mut c = Self { workspace: WorkspaceConfig::from_env()?, tuning: Tuning::from_env()?, ..Self::default() };
         if let Ok(text) = std::env::var("PURLIN_TIMEOUT_S") {
             let secs: f64 = text
                 .trim()
@@ -114,6 +124,7 @@ impl CommConfig {
                 });
             }
             c.timeout = Duration::from_secs_f64(secs);
+            c.device_timeout = c.timeout;
         }
         Ok(c)
     }
@@ -275,6 +286,12 @@ pub struct Comm {
     pingpong: CudaFunction,
     coresidency: CoResidency,
     kernels: Vec<LoadedKernel>,
+    exec: DeviceExecutor,
+    /// The co-residency bound of the executor kernels, agreed across ranks.
+    exec_bound: u32,
+    tuning: Tuning,
+    device_timeout: Duration,
+    plans: Mutex<HashMap<PlanKey, Arc<PreparedPlan>>>,
     poison: Mutex<Option<String>>,
     next_flag_slot: Mutex<Vec<usize>>,
     owner: Owner,
@@ -422,15 +439,21 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
             Ok::<_, Error>((module, function, bound))
         };
         let smoke = load(&crate::kernels::smoke_unit(), "purlin_smoke_pingpong", 32, 0)?;
+        let generation = purlin_atom::Generation::choose(arch, None)
+            .map_err(|e| Error::Unsupported(format!("no Atom for this GPU: {e}")))?;
+        let exec = DeviceExecutor::load(&ctx, &cache, arch, generation, device.sm_count)?;
         let extra = config
             .kernels
             .iter()
             .map(|r| load(&r.unit, &r.function, r.block_size, r.dynamic_smem).map(|k| (r.clone(), k)))
             .collect::<Result<Vec<_>, Error>>()?;
-        Ok::<_, Error>((smoke, extra))
+        Ok::<_, Error>((smoke, extra, exec))
     })();
-    let ((module, pingpong, local_bound), extra) = agree(&host, kernels, "set-up: compiling kernels")?;
-    let locals: Vec<u32> = std::iter::once(local_bound).chain(extra.iter().map(|(_, k)| k.2)).collect();
+    let ((module, pingpong, local_bound), extra, exec) = agree(&host, kernels, "set-up: compiling kernels")?;
+    let locals: Vec<u32> = std::iter::once(local_bound)
+        .chain(extra.iter().map(|(_, k)| k.2))
+        .chain(std::iter::once(exec.coresident_local()))
+        .collect();
     let bytes: Vec<u8> = locals.iter().flat_map(|b| b.to_le_bytes()).collect();
     let all = host.all_gather(&bytes, "set-up: co-residency bounds")?;
     let mut agreed = locals.clone();
@@ -443,9 +466,10 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         }
     }
     let min_bound = agreed[0];
+    let exec_bound = agreed[agreed.len() - 1];
     let kernels: Vec<LoadedKernel> = extra
         .into_iter()
-        .zip(&agreed[1..])
+        .zip(&agreed[1..agreed.len() - 1])
         .map(|((request, (module, function, local)), &coresident)| LoadedKernel {
             request,
             module,
@@ -479,6 +503,11 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         pingpong,
         coresidency: CoResidency { smoke_pingpong: min_bound, smoke_pingpong_local: local_bound },
         kernels,
+        exec,
+        exec_bound,
+        tuning: config.tuning,
+        device_timeout: config.device_timeout,
+        plans: Mutex::new(HashMap::new()),
         poison: Mutex::new(None),
         next_flag_slot: Mutex::new(vec![0; world]),
         owner,
@@ -839,14 +868,15 @@ impl Comm {
         self.enqueue_check::<T>("broadcast", recvbuff.len(), recvbuff.len(), true)
     }
 
-    /// AllGather: `recvbuff` holds `world` × `sendbuff.len()` elements.
+    /// AllGather: `recvbuff` holds `world` × `sendbuff.len()` elements, rank `r`'s
+    /// contribution at `r × sendbuff.len()`.
     pub fn all_gather<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
         &self,
         sendbuff: &S,
         recvbuff: &mut R,
     ) -> Result<Status, Error> {
-        let (s, r) = (sendbuff.len(), recvbuff.len());
-        self.enqueue_check::<T>("all_gather", s, r, r == s * self.world)
+        let spec = CollectiveSpec::all_gather(self.world as u32, snac_dtype::<T>(), sendbuff.len() as u64);
+        self.collective(spec, sendbuff, recvbuff)
     }
 
     /// AllReduce: `recvbuff` (same length as `sendbuff`) receives the reduction over ranks.
@@ -856,9 +886,9 @@ impl Comm {
         recvbuff: &mut R,
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
-        let _ = reduce_op;
-        let (s, r) = (sendbuff.len(), recvbuff.len());
-        self.enqueue_check::<T>("all_reduce", s, r, s == r)
+        let spec =
+            CollectiveSpec::all_reduce(self.world as u32, snac_dtype::<T>(), snac_op(reduce_op), sendbuff.len() as u64);
+        self.collective(spec, sendbuff, recvbuff)
     }
 
     /// In-place AllReduce.
@@ -867,8 +897,161 @@ impl Comm {
         buff: &mut R,
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
-        let _ = reduce_op;
-        self.enqueue_check::<T>("all_reduce", buff.len(), buff.len(), true)
+        let spec =
+            CollectiveSpec::all_reduce(self.world as u32, snac_dtype::<T>(), snac_op(reduce_op), buff.len() as u64);
+        self.check_device(buff)?;
+        let (ptr, _record) = buff.device_ptr_mut(&self.stream);
+        self.launch_collective(spec, true, ptr, ptr)
+    }
+
+    /// AllToAll: `sendbuff` holds `world` partitions of `sendbuff.len() / world` elements,
+    /// partition `p` for rank `p`; `recvbuff` receives, at partition `p`, what rank `p` sent
+    /// to this rank.
+    pub fn all_to_all<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        sendbuff: &S,
+        recvbuff: &mut R,
+    ) -> Result<Status, Error> {
+        let per_pair = (sendbuff.len() / self.world) as u64;
+        if sendbuff.len() % self.world != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "all_to_all: {} send elements are not {} equal partitions",
+                sendbuff.len(),
+                self.world
+            )));
+        }
+        let spec = CollectiveSpec::all_to_all(self.world as u32, snac_dtype::<T>(), per_pair);
+        self.collective(spec, sendbuff, recvbuff)
+    }
+
+    /// AllGatherV: rank `r` contributes `counts[r]` elements; `recvbuff` holds their
+    /// concatenation in rank order.
+    pub fn all_gather_v<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        sendbuff: &S,
+        recvbuff: &mut R,
+        counts: &[usize],
+    ) -> Result<Status, Error> {
+        let counts = counts.iter().map(|&c| c as u64).collect();
+        let spec = CollectiveSpec::all_gather_v(self.world as u32, snac_dtype::<T>(), counts);
+        self.collective(spec, sendbuff, recvbuff)
+    }
+
+    /// ReduceScatterV: `sendbuff` is cut into partitions of `counts[p]` elements; rank `r`
+    /// receives the reduction of partition `r` over ranks.
+    pub fn reduce_scatter_v<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        sendbuff: &S,
+        recvbuff: &mut R,
+        counts: &[usize],
+        reduce_op: &ReduceOp,
+    ) -> Result<Status, Error> {
+        let counts = counts.iter().map(|&c| c as u64).collect();
+        let spec = CollectiveSpec::reduce_scatter_v(self.world as u32, snac_dtype::<T>(), snac_op(reduce_op), counts);
+        self.collective(spec, sendbuff, recvbuff)
+    }
+
+    /// AllToAllV: `counts[s][d]` elements go from rank `s` to rank `d` (every rank passes the
+    /// whole matrix); send partitions in destination order, receive partitions in source order.
+    pub fn all_to_all_v<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        sendbuff: &S,
+        recvbuff: &mut R,
+        counts: &[Vec<usize>],
+    ) -> Result<Status, Error> {
+        let counts = counts.iter().map(|row| row.iter().map(|&c| c as u64).collect()).collect();
+        let spec = CollectiveSpec::all_to_all_v(self.world as u32, snac_dtype::<T>(), counts);
+        self.collective(spec, sendbuff, recvbuff)
+    }
+
+    /// Checks a buffer lives on this communicator's GPU.
+    fn check_device<B: cudarc::driver::DeviceSlice<T>, T>(&self, b: &B) -> Result<(), Error> {
+        let ordinal = b.stream().context().ordinal();
+        if ordinal != self.ordinal() {
+            return Err(Error::InvalidArgument(format!(
+                "a buffer on GPU {ordinal} passed to rank {} on GPU {}",
+                self.rank,
+                self.ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    /// An out-of-place collective: checks, then one kernel on this rank's stream.
+    fn collective<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        spec: CollectiveSpec,
+        sendbuff: &S,
+        recvbuff: &mut R,
+    ) -> Result<Status, Error> {
+        spec.validate()?;
+        spec.check_buffers(self.rank as u32, sendbuff.len() as u64, recvbuff.len() as u64)?;
+        self.check_device(sendbuff)?;
+        self.check_device(recvbuff)?;
+        let (input, _record_in) = sendbuff.device_ptr(&self.stream);
+        let (output, _record_out) = recvbuff.device_ptr_mut(&self.stream);
+        self.launch_collective(spec, false, input, output)
+    }
+
+    /// The plan of a call, derived once per (spec, in place) and kept with its parameter
+    /// block.
+    fn prepared(&self, spec: CollectiveSpec, in_place: bool) -> Result<Arc<PreparedPlan>, Error> {
+        let key = (spec, in_place);
+        if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(p.clone());
+        }
+        let limits = PlanLimits {
+            staging_bytes: self.layout.config.staging_bytes as u64,
+            window_bytes: self.layout.config.window_bytes as u64,
+            max_coresident_blocks: self.exec_bound.min(self.layout.config.epoch_words as u32),
+            packet: self.exec.packet(),
+        };
+        let plan = crate::tuning::plan_for(&key.0, self.rank as u32, in_place, &self.tuning, &limits)?;
+        self.layout.check_resources(&plan.resources)?;
+        self.exec.function_for(&plan)?;
+        let params = ExecParams::new(&purlin_snac::params::encode(&plan))?;
+        let prepared = Arc::new(PreparedPlan { plan, params });
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(key, prepared.clone());
+        Ok(prepared)
+    }
+
+    /// The pointers of one call.
+    fn runtime(&self, input: u64, output: u64) -> ExecRuntime {
+        let mut rt = ExecRuntime {
+            input,
+            output,
+            counters: self.addrs[self.rank] + self.layout.counters.offset as u64,
+            epochs: self.addrs[self.rank] + self.layout.epochs.offset as u64,
+            control: self.addrs[self.rank] + self.layout.control.offset as u64,
+            timeout_ns: u64::try_from(self.device_timeout.as_nanos()).unwrap_or(u64::MAX),
+            ..ExecRuntime::default()
+        };
+        for (r, base) in self.addrs.iter().enumerate() {
+            rt.staging[r] = base + self.layout.staging.offset as u64;
+            rt.window[r] = base + self.layout.window.offset as u64;
+            rt.flags[r] = base + self.layout.flags.offset as u64;
+        }
+        rt
+    }
+
+    fn launch_collective(
+        &self,
+        spec: CollectiveSpec,
+        in_place: bool,
+        input: u64,
+        output: u64,
+    ) -> Result<Status, Error> {
+        if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(Error::Poisoned(why));
+        }
+        let prepared = self.prepared(spec, in_place)?;
+        let rt = self.runtime(input, output);
+        // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
+        // checked (in place: one buffer), kept alive by the caller's borrow until the launch
+        // is enqueued and ordered by cudarc's stream events; the workspace addresses are
+        // every rank's live workspace, mapped here until teardown, which synchronises first.
+        unsafe { self.exec.launch(&self.stream, &prepared.plan, &prepared.params, &rt) }?;
+        Ok(Status::Success)
     }
 
     /// Reduce to `root` (`recvbuff` only on the root).
@@ -907,9 +1090,13 @@ impl Comm {
         recvbuff: &mut R,
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
-        let _ = reduce_op;
-        let (s, r) = (sendbuff.len(), recvbuff.len());
-        self.enqueue_check::<T>("reduce_scatter", s, r, s == r * self.world)
+        let spec = CollectiveSpec::reduce_scatter(
+            self.world as u32,
+            snac_dtype::<T>(),
+            snac_op(reduce_op),
+            recvbuff.len() as u64,
+        );
+        self.collective(spec, sendbuff, recvbuff)
     }
 
     /// Starts a group (cudarc's `Comm::group`); calls on the group take views whose
@@ -953,6 +1140,44 @@ impl Drop for Comm {
                 report.error.as_deref().unwrap_or("peer did not meet")
             );
         }
+    }
+}
+
+/// A plan ready to launch: the plan and its parameter block.
+#[derive(Debug)]
+struct PreparedPlan {
+    plan: Plan,
+    params: Box<ExecParams>,
+}
+
+/// What a prepared plan depends on besides the communicator: the spec and in-place-ness.
+type PlanKey = (CollectiveSpec, bool);
+
+/// SNAC's name of a cudarc element type.
+fn snac_dtype<T: NcclType>() -> purlin_snac::DataType {
+    use purlin_snac::DataType as S;
+    match T::data_type() {
+        DataType::F32 => S::F32,
+        DataType::F64 => S::F64,
+        DataType::I8 => S::I8,
+        DataType::I32 => S::I32,
+        DataType::I64 => S::I64,
+        DataType::U8 => S::U8,
+        DataType::U32 => S::U32,
+        DataType::U64 => S::U64,
+        DataType::F16 => S::F16,
+        DataType::Bf16 => S::Bf16,
+    }
+}
+
+/// SNAC's name of a reduce operator.
+fn snac_op(op: &ReduceOp) -> purlin_snac::ReduceOp {
+    match op {
+        ReduceOp::Sum => purlin_snac::ReduceOp::Sum,
+        ReduceOp::Prod => purlin_snac::ReduceOp::Prod,
+        ReduceOp::Max => purlin_snac::ReduceOp::Max,
+        ReduceOp::Min => purlin_snac::ReduceOp::Min,
+        ReduceOp::Avg => purlin_snac::ReduceOp::Avg,
     }
 }
 

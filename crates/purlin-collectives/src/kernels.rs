@@ -98,12 +98,14 @@ impl ExecKey {
     }
 }
 
-/// The packet size the runtime uses on a generation: 16-byte packets on Hopper and later
-/// only once the torn-packet stress test found none (PERFORMANCE.md); 8 bytes otherwise.
+/// The packet size the runtime uses on a generation: 16-byte packets (8 data + 8 flag, one
+/// 16-byte store) on Hopper and later, where the torn-packet stress test found none
+/// (2.02e9 packets over NVLink, both directions, 2×H200, 2026-11-30: PERFORMANCE.md);
+/// 8-byte packets (4 + 4) before sm_90.
 pub fn packet_bytes_for(generation: Generation) -> u32 {
     match generation {
         Generation::Generic | Generation::Ampere => 8,
-        Generation::Hopper | Generation::Blackwell => 8,
+        Generation::Hopper | Generation::Blackwell => 16,
     }
 }
 

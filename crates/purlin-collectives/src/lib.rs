@@ -10,6 +10,7 @@
 pub mod comm;
 pub mod device;
 pub mod error;
+pub mod exec_device;
 pub mod host;
 pub mod host_exec;
 pub mod id;

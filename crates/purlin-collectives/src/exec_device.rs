@@ -1,0 +1,215 @@
+//! The device executor's host side: loads the executor kernels (`kernels/snac/executor.cu`)
+//! for every key the runtime can request, and launches one per call with the plan's
+//! parameter block and the call's pointers as `__grid_constant__` kernel parameters.
+//!
+//! Launches are cooperative: a grid that cannot be co-resident fails at launch instead of
+//! hanging (plans never exceed the co-residency bound agreed at set-up). No cudarc event is
+//! recorded by a launch (every argument is a plain value), so launches can be captured in
+//! CUDA graphs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, sys};
+use cudarc::nvrtc::Ptx;
+use purlin_atom::{Arch, AtomSpec, DType, Generation, KernelCache};
+use purlin_snac::{PacketFormat, Plan, ReduceOp};
+
+use crate::error::{Error, driver};
+use crate::kernels::{EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, ExecKey, ExecOp, executor_keys, packet_bytes_for};
+
+/// Ranks the executor's `Runtime` has room for.
+pub const MAX_WORLD: usize = 16;
+
+/// The per-call pointers (`struct Runtime` in `kernels/snac/executor.cu`, field for field).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExecRuntime {
+    /// This rank's input.
+    pub input: u64,
+    /// This rank's output.
+    pub output: u64,
+    /// Every rank's staging base, as mapped here.
+    pub staging: [u64; MAX_WORLD],
+    /// Every rank's packet window base.
+    pub window: [u64; MAX_WORLD],
+    /// Every rank's flag words.
+    pub flags: [u64; MAX_WORLD],
+    /// This rank's arrival counters.
+    pub counters: u64,
+    /// This rank's per-block epochs.
+    pub epochs: u64,
+    /// This rank's control words (poison word and failure record).
+    pub control: u64,
+    /// Bound of every device wait, nanoseconds.
+    pub timeout_ns: u64,
+    /// Debug trace buffer (0: off).
+    pub trace: u64,
+    /// Trace entries per block.
+    pub trace_capacity: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<ExecRuntime>() == EXEC_RUNTIME_BYTES);
+
+// SAFETY: ExecRuntime is #[repr(C)], made only of u64s, and matches the kernel's
+// `Runtime` parameter field for field (size checked above, offsets by the order).
+unsafe impl DeviceRepr for ExecRuntime {}
+
+/// The parameter block, passed by value (`ParamBlock<PURLIN_PARAM_WORDS>`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ExecParams {
+    /// The plan's words (purlin_snac::params), zero-padded.
+    pub words: [u64; EXEC_PARAM_WORDS],
+}
+
+// SAFETY: a #[repr(C)] array of u64s, the layout of the kernel's `ParamBlock`.
+unsafe impl DeviceRepr for ExecParams {}
+
+impl ExecParams {
+    /// The block for `words`; a plan longer than the block is unsupported.
+    pub fn new(words: &[u64]) -> Result<Box<Self>, Error> {
+        if words.len() > EXEC_PARAM_WORDS {
+            return Err(Error::Unsupported(format!(
+                "a plan of {} parameter words (the executor takes {EXEC_PARAM_WORDS})",
+                words.len()
+            )));
+        }
+        let mut p = Box::new(ExecParams { words: [0; EXEC_PARAM_WORDS] });
+        p.words[..words.len()].copy_from_slice(words);
+        Ok(p)
+    }
+}
+
+/// The executor kernels of one GPU.
+#[derive(Debug)]
+pub struct DeviceExecutor {
+    atom: AtomSpec,
+    packet: PacketFormat,
+    functions: HashMap<ExecKey, CudaFunction>,
+    _modules: Vec<Arc<CudaModule>>,
+    coresident_local: u32,
+}
+
+/// The Atom element type of a SNAC data type, if the Atom has it.
+pub fn atom_dtype(t: purlin_snac::DataType) -> Option<DType> {
+    crate::host_exec::atom_dtype(t)
+}
+
+fn exec_op(op: Option<ReduceOp>) -> ExecOp {
+    match op {
+        None => ExecOp::Copy,
+        Some(ReduceOp::Sum) => ExecOp::Sum,
+        Some(ReduceOp::Prod) => ExecOp::Prod,
+        Some(ReduceOp::Min) => ExecOp::Min,
+        Some(ReduceOp::Max) => ExecOp::Max,
+        Some(ReduceOp::Avg) => ExecOp::Avg,
+    }
+}
+
+impl DeviceExecutor {
+    /// Compiles (through `cache`) and loads every executor key for `generation` on `ctx`,
+    /// and computes this GPU's co-residency bound for them (occupancy × SMs, the minimum
+    /// over the keys).
+    pub fn load(
+        ctx: &Arc<CudaContext>,
+        cache: &KernelCache,
+        arch: Arch,
+        generation: Generation,
+        sm_count: u32,
+    ) -> Result<Self, Error> {
+        let atom = AtomSpec::new(generation);
+        let keys = executor_keys(atom);
+        let jobs: Vec<_> = keys.iter().map(|k| (k.unit(), arch)).collect();
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let compiled = cache.get_or_compile_all(&jobs, threads)?;
+        let mut functions = HashMap::new();
+        let mut modules = Vec::new();
+        let mut bound = u32::MAX;
+        for (key, kernel) in keys.iter().zip(compiled) {
+            let module = ctx.load_module(Ptx::from_binary(kernel.cubin)).map_err(driver("cuModuleLoadData"))?;
+            let function = module.load_function("purlin_snac_exec").map_err(driver("cuModuleGetFunction"))?;
+            let smem = atom.smem_bytes() as usize;
+            if smem > 48 << 10 {
+                function
+                    .set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .map_err(driver("cuFuncSetAttribute"))?;
+            }
+            bound = bound.min(crate::device::max_coresident_blocks(&function, atom.threads(), smem, sm_count)?);
+            functions.insert(*key, function);
+            modules.push(module);
+        }
+        let packet = if packet_bytes_for(generation) == 16 { PacketFormat::B16 } else { PacketFormat::B8 };
+        Ok(Self { atom, packet, functions, _modules: modules, coresident_local: bound })
+    }
+
+    /// The Atom build the kernels run.
+    pub fn atom(&self) -> AtomSpec {
+        self.atom
+    }
+
+    /// The packet format of the latency regime on this GPU.
+    pub fn packet(&self) -> PacketFormat {
+        self.packet
+    }
+
+    /// This GPU's co-residency bound for the executor kernels.
+    pub fn coresident_local(&self) -> u32 {
+        self.coresident_local
+    }
+
+    /// The kernel for a plan's dtype and op; a typed error where the Atom lacks the dtype.
+    pub fn function_for(&self, plan: &Plan) -> Result<&CudaFunction, Error> {
+        let op = exec_op(plan.spec.op);
+        let dtype = match (op, atom_dtype(plan.spec.dtype)) {
+            (ExecOp::Copy, _) => DType::U32,
+            (_, Some(d)) => d,
+            (_, None) => {
+                return Err(Error::Unsupported(format!(
+                    "reductions of {:?} on the GPU (the Atom reduces f32, f16, bf16, fp8, i32, u32)",
+                    plan.spec.dtype
+                )));
+            }
+        };
+        let key =
+            ExecKey { atom: self.atom, dtype, op, packet_bytes: packet_bytes_for(self.atom.generation) }.normalized();
+        self.functions.get(&key).ok_or_else(|| Error::Unsupported(format!("no executor kernel for {key:?}")))
+    }
+
+    /// Launches `plan` (whose parameter words are `params`) on `stream`.
+    ///
+    /// # Safety
+    /// `rt` must hold valid device addresses for this call: input and output buffers of at
+    /// least the plan's sizes, alive until the kernel finishes, and the live symmetric
+    /// workspace of every rank, mapped on this GPU.
+    pub unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        plan: &Plan,
+        params: &ExecParams,
+        rt: &ExecRuntime,
+    ) -> Result<(), Error> {
+        let grid = plan.grid() as u32;
+        if grid == 0 {
+            return Ok(()); // an empty call: nothing moves, nothing advances (on every rank)
+        }
+        let function = self.function_for(plan)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (self.atom.threads(), 1, 1),
+            shared_mem_bytes: self.atom.smem_bytes(),
+        };
+        let mut launch = stream.launch_builder(function);
+        launch.arg(rt).arg(params);
+        // SAFETY: the kernel's parameters are (Runtime, ParamBlock<EXEC_PARAM_WORDS>), which
+        // ExecRuntime and ExecParams mirror; the caller guarantees the addresses in `rt`; the
+        // grid is within the co-residency bound the plan was derived under, and the
+        // cooperative launch refuses a grid that cannot be co-resident instead of hanging;
+        // every device wait is bounded by rt.timeout_ns.
+        unsafe { launch.launch_cooperative(cfg) }.map_err(driver("cuLaunchCooperativeKernel"))?;
+        Ok(())
+    }
+}

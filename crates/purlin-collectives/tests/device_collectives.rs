@@ -1,0 +1,298 @@
+//! Every collective through the public `Comm` API on GPUs (one process, all local GPUs),
+//! against a reference computed here from the inputs: fresh random small integers (so any
+//! summation order is exact), poisoned outputs, exact comparison. Both regimes and both
+//! staging sides are forced through `CommConfig::tuning`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use purlin_collectives::tuning::Tuning;
+use purlin_collectives::{Comm, CommConfig, ReduceOp};
+use purlin_snac::{Regime, StagingSide};
+
+/// Element types the test drives, with exact conversions for small integers.
+trait Elem:
+    purlin_collectives::comm::NcclType
+    + DeviceRepr
+    + ValidAsZeroBits
+    + Copy
+    + PartialEq
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + Unpin
+    + 'static
+{
+    const NAME: &'static str;
+    const REDUCES: bool;
+    fn from_i64(v: i64) -> Self;
+    fn to_f64(self) -> f64;
+    fn poison() -> Self;
+}
+
+macro_rules! elem {
+    ($t:ty, $name:expr, $reduces:expr, $from:expr, $to:expr, $poison:expr) => {
+        impl Elem for $t {
+            const NAME: &'static str = $name;
+            const REDUCES: bool = $reduces;
+            fn from_i64(v: i64) -> Self {
+                ($from)(v)
+            }
+            fn to_f64(self) -> f64 {
+                ($to)(self)
+            }
+            fn poison() -> Self {
+                $poison
+            }
+        }
+    };
+}
+elem!(f32, "f32", true, |v: i64| v as f32, |x: f32| x as f64, f32::from_bits(0x7fa5_a5a5));
+elem!(i32, "i32", true, |v: i64| v as i32, |x: i32| x as f64, 0x5a5a_5a5a);
+elem!(
+    half::bf16,
+    "bf16",
+    true,
+    |v: i64| half::bf16::from_f64(v as f64),
+    |x: half::bf16| x.to_f64(),
+    half::bf16::from_bits(0x7fa5)
+);
+elem!(
+    half::f16,
+    "f16",
+    true,
+    |v: i64| half::f16::from_f64(v as f64),
+    |x: half::f16| x.to_f64(),
+    half::f16::from_bits(0x7da5)
+);
+elem!(u8, "u8", false, |v: i64| v as u8, |x: u8| x as f64, 0xa5);
+
+/// A tiny deterministic generator (xorshift), so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Small nonzero integers in -4..=4 (products of 2 ranks and sums stay exact in bf16).
+    fn small(&mut self, unsigned: bool) -> i64 {
+        let v = (self.next() % 8) as i64 + 1;
+        if unsigned || v > 4 { v - 4 * i64::from(!unsigned) } else { -v }
+    }
+}
+
+struct Gpus {
+    streams: Vec<Arc<CudaStream>>,
+}
+
+fn gpus() -> Option<Gpus> {
+    if !purlin_topo::driver_present() || purlin_topo::device_count() < 2 {
+        return None;
+    }
+    let n = purlin_topo::device_count().min(8);
+    let streams = (0..n).map(|i| CudaContext::new(i).expect("context").new_stream().expect("stream")).collect();
+    Some(Gpus { streams })
+}
+
+fn config(regime: Option<Regime>, side: StagingSide) -> CommConfig {
+    let mut c = CommConfig::from_env().expect("config");
+    c.device_timeout = Duration::from_secs(20);
+    c.timeout = Duration::from_secs(60);
+    c.tuning = Tuning { regime, staging_side: side, ..Tuning::default() };
+    c
+}
+
+fn apply(op: ReduceOp, a: f64, b: f64) -> f64 {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => a + b,
+        ReduceOp::Prod => a * b,
+        ReduceOp::Min => a.min(b),
+        ReduceOp::Max => a.max(b),
+    }
+}
+
+fn reduce_ref<T: Elem>(op: ReduceOp, inputs: &[Vec<T>], i: usize, world: usize) -> f64 {
+    let mut acc = inputs[0][i].to_f64();
+    for x in &inputs[1..] {
+        acc = apply(op, acc, x[i].to_f64());
+    }
+    if op == ReduceOp::Avg {
+        acc /= world as f64;
+        if T::NAME == "i32" {
+            acc = acc.trunc();
+        }
+    }
+    acc
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Coll {
+    AllReduce,
+    AllReduceInPlace,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    AllGatherV,
+    ReduceScatterV,
+    AllToAllV,
+}
+
+/// Per-pair counts for the V forms: skewed, with zeros (one-way traffic between 0 and 1).
+fn v_counts(world: usize, n: usize) -> Vec<Vec<usize>> {
+    (0..world)
+        .map(|s| (0..world).map(|d| if s == 1 && d == 0 { 0 } else { (n * (1 + s + 3 * d)) % (n + 1) }).collect())
+        .collect()
+}
+
+/// Runs one case on every rank; returns the number of wrong elements.
+fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &mut Rng) -> usize {
+    let world = comms.len();
+    let unsigned = T::NAME == "u8";
+    let counts = v_counts(world, n);
+    let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect(); // AllGatherV / ReduceScatterV counts
+    let (in_len, out_len): (Vec<usize>, Vec<usize>) = (0..world)
+        .map(|r| match coll {
+            Coll::AllReduce | Coll::AllReduceInPlace => (n, n),
+            Coll::AllGather => (n, n * world),
+            Coll::ReduceScatter => (n * world, n),
+            Coll::AllToAll => (n * world, n * world),
+            Coll::AllGatherV => (per_rank[r], per_rank.iter().sum()),
+            Coll::ReduceScatterV => (per_rank.iter().sum(), per_rank[r]),
+            Coll::AllToAllV => (counts[r].iter().sum(), (0..world).map(|s| counts[s][r]).sum()),
+        })
+        .unzip();
+    let inputs: Vec<Vec<T>> =
+        (0..world).map(|r| (0..in_len[r]).map(|_| T::from_i64(rng.small(unsigned))).collect()).collect();
+    let mut sends: Vec<CudaSlice<T>> = Vec::new();
+    let mut recvs: Vec<CudaSlice<T>> = Vec::new();
+    for (r, c) in comms.iter().enumerate() {
+        let s = c.stream();
+        sends.push(s.clone_htod(&inputs[r]).expect("upload"));
+        recvs.push(s.clone_htod(&vec![T::poison(); out_len[r]]).expect("poison"));
+    }
+    for (r, c) in comms.iter().enumerate() {
+        let res = match coll {
+            Coll::AllReduce => c.all_reduce(&sends[r], &mut recvs[r], &op),
+            Coll::AllReduceInPlace => c.all_reduce_in_place(&mut sends[r], &op),
+            Coll::AllGather => c.all_gather(&sends[r], &mut recvs[r]),
+            Coll::ReduceScatter => c.reduce_scatter(&sends[r], &mut recvs[r], &op),
+            Coll::AllToAll => c.all_to_all(&sends[r], &mut recvs[r]),
+            Coll::AllGatherV => c.all_gather_v(&sends[r], &mut recvs[r], &per_rank),
+            Coll::ReduceScatterV => c.reduce_scatter_v(&sends[r], &mut recvs[r], &per_rank, &op),
+            Coll::AllToAllV => c.all_to_all_v(&sends[r], &mut recvs[r], &counts),
+        };
+        res.unwrap_or_else(|e| panic!("{coll:?} {} n={n} rank {r}: {e}", T::NAME));
+    }
+    let mut wrong = 0;
+    for (r, c) in comms.iter().enumerate() {
+        let got: Vec<T> = c
+            .stream()
+            .clone_dtoh(if coll == Coll::AllReduceInPlace { &sends[r] } else { &recvs[r] })
+            .expect("download");
+        let expect: Vec<f64> = match coll {
+            Coll::AllReduce | Coll::AllReduceInPlace => (0..n).map(|i| reduce_ref(op, &inputs, i, world)).collect(),
+            Coll::AllGather => (0..world).flat_map(|p| inputs[p].iter().map(|x| x.to_f64())).collect(),
+            Coll::ReduceScatter => (0..n).map(|i| reduce_ref(op, &inputs, r * n + i, world)).collect(),
+            Coll::AllToAll => {
+                (0..world).flat_map(|p| inputs[p][r * n..(r + 1) * n].iter().map(|x| x.to_f64())).collect()
+            }
+            Coll::AllGatherV => (0..world).flat_map(|p| inputs[p].iter().map(|x| x.to_f64())).collect(),
+            Coll::ReduceScatterV => {
+                let off: usize = per_rank[..r].iter().sum();
+                (0..per_rank[r]).map(|i| reduce_ref(op, &inputs, off + i, world)).collect()
+            }
+            Coll::AllToAllV => (0..world)
+                .flat_map(|s| {
+                    let off: usize = counts[s][..r].iter().sum();
+                    inputs[s][off..off + counts[s][r]].iter().map(|x| x.to_f64())
+                })
+                .collect(),
+        };
+        assert_eq!(got.len(), expect.len());
+        let bad = got.iter().zip(&expect).filter(|(g, e)| g.to_f64() != **e).count();
+        if bad > 0 {
+            let first = got.iter().zip(&expect).position(|(g, e)| g.to_f64() != *e).unwrap_or(0);
+            println!(
+                "EXEC WRONG {coll:?} {} {op:?} n={n} rank {r}: {bad} wrong, first at {first}: got {:?} want {}",
+                T::NAME,
+                got[first],
+                expect[first]
+            );
+        }
+        wrong += bad;
+    }
+    wrong
+}
+
+fn sweep<T: Elem>(comms: &[Comm], sizes: &[usize], rng: &mut Rng, cases: &mut usize, wrong: &mut usize) {
+    let ops: &[ReduceOp] =
+        if T::REDUCES { &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg] } else { &[] };
+    for &n in sizes {
+        for coll in [Coll::AllGather, Coll::AllToAll, Coll::AllGatherV, Coll::AllToAllV] {
+            *wrong += run_case::<T>(comms, coll, ReduceOp::Sum, n, rng);
+            *cases += 1;
+        }
+        for &op in ops {
+            for coll in [Coll::AllReduce, Coll::AllReduceInPlace, Coll::ReduceScatter, Coll::ReduceScatterV] {
+                *wrong += run_case::<T>(comms, coll, op, n, rng);
+                *cases += 1;
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+fn every_collective_matches_the_reference_on_gpus() {
+    let Some(g) = gpus() else { panic!("needs 2 GPUs") };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut total_cases = 0;
+    let mut total_wrong = 0;
+    for (label, regime, side) in [
+        ("auto/push", None, StagingSide::Peer),
+        ("latency", Some(Regime::Latency), StagingSide::Peer),
+        ("throughput/push", Some(Regime::Throughput), StagingSide::Peer),
+        ("throughput/pull", Some(Regime::Throughput), StagingSide::Own),
+    ] {
+        let comms = Comm::from_devices_with_config(g.streams.clone(), config(regime, side)).expect("set-up");
+        let (mut cases, mut wrong) = (0, 0);
+        let sizes: &[usize] =
+            if regime == Some(Regime::Latency) { &[1, 7, 1000, 4099] } else { &[1, 33, 4099, 300_001] };
+        sweep::<f32>(&comms, sizes, &mut rng, &mut cases, &mut wrong);
+        sweep::<half::bf16>(&comms, sizes, &mut rng, &mut cases, &mut wrong);
+        sweep::<i32>(&comms, &sizes[..3], &mut rng, &mut cases, &mut wrong);
+        sweep::<half::f16>(&comms, &sizes[..2], &mut rng, &mut cases, &mut wrong);
+        sweep::<u8>(&comms, sizes, &mut rng, &mut cases, &mut wrong);
+        for c in &comms {
+            c.async_error().expect("no device error");
+        }
+        println!("EXEC {label}: {cases} cases on {} GPUs, {wrong} wrong elements", comms.len());
+        total_cases += cases;
+        total_wrong += wrong;
+    }
+    println!("EXEC total: {total_cases} cases, {total_wrong} wrong elements");
+    assert_eq!(total_wrong, 0);
+}
+
+#[test]
+#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+fn large_calls_back_to_back_match_the_reference() {
+    let Some(g) = gpus() else { panic!("needs 2 GPUs") };
+    let comms = Comm::from_devices_with_config(g.streams.clone(), config(None, StagingSide::Peer)).expect("set-up");
+    let mut rng = Rng(7);
+    let mut wrong = 0;
+    let mut cases = 0;
+    // Mixed collectives and sizes back to back, no synchronisation between them but the
+    // downloads of the checks (which wait for their own stream only).
+    for n in [16 << 20, 3 << 20, 1 << 10, 8 << 20] {
+        for coll in [Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll] {
+            wrong += run_case::<f32>(&comms, coll, ReduceOp::Sum, n / comms.len(), &mut rng);
+            cases += 1;
+        }
+    }
+    println!("EXEC large back-to-back: {cases} cases, {wrong} wrong elements");
+    assert_eq!(wrong, 0);
+}
