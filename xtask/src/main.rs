@@ -93,8 +93,17 @@ fn gpu_round(args: &[String]) -> Result<()> {
         _ => bail!("usage: cargo xtask gpu-round [--out DIR]"),
     };
     let nvrtc = ensure_nvrtc()?;
+    // Start clean, but keep the kernel cache: its keys hash the sources and options, so a
+    // CUBIN that is still there is still right, and recompiling all of them takes minutes.
     if out.exists() {
-        std::fs::remove_dir_all(&out).with_context(|| format!("clean {}", out.display()))?;
+        for entry in std::fs::read_dir(&out)? {
+            let path = entry?.path();
+            if path.file_name().is_some_and(|n| n == "kernel-cache") {
+                continue;
+            }
+            if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) }
+                .with_context(|| format!("clean {}", path.display()))?;
+        }
     }
     let bin = out.join("bin");
     std::fs::create_dir_all(&bin)?;
