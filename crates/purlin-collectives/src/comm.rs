@@ -1006,7 +1006,8 @@ impl Comm {
             max_coresident_blocks: self.exec_bound.min(self.layout.config.epoch_words as u32),
             packet: self.exec.packet(),
         };
-        let plan = crate::tuning::plan_for(&key.0, self.rank as u32, in_place, &self.tuning, &limits)?;
+        let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
+        let plan = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
         self.layout.check_resources(&plan.resources)?;
         self.exec.function_for(&plan)?;
         let params = ExecParams::new(&purlin_snac::params::encode(&plan))?;

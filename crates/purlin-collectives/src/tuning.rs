@@ -4,11 +4,11 @@
 //! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_SLOTS`, `PURLIN_LATENCY_MAX_BYTES`), so the table can be
 //! measured before it is trusted.
 //!
-//! The defaults are first choices, not yet fitted to measurements (PERFORMANCE.md records
-//! what was measured): push staging, because remote stores beat remote loads under two-way
-//! load on 2×H200 (DEVICE.md); 8 blocks per role with 64 KiB per block per chunk, about the
-//! bandwidth-delay product of an H200 NVLink (~1 MiB in flight per GPU); packets up to
-//! 64 KiB per rank.
+//! The defaults come from a first sweep on 2×H200 (PERFORMANCE.md): push staging (remote
+//! stores beat remote loads under two-way load, DEVICE.md, and the sweep agrees), 16 blocks
+//! per role with 256 KiB per block per chunk (large chunks amortise each chunk's fence and
+//! flag round trip), 2 slots, packets up to 256 KiB per rank. A call whose plan does not fit
+//! (staging, parameter block) is re-planned with smaller chunks or fewer blocks.
 
 use purlin_snac::{
     AllReduceAlgo, CollectiveSpec, DeriveError, PacketFormat, Plan, PlanConfig, Regime, StagingSide, derive_rank,
@@ -35,13 +35,17 @@ pub struct Tuning {
 
 impl Default for Tuning {
     fn default() -> Self {
+        // Measured on 2×H200, 2026-11-30 (PERFORMANCE.md, round 4): 64 MiB AllGather took
+        // 504 µs with 512 KiB chunks × 8 blocks × 4 slots and 163 µs with 4 MiB × 16 × 2;
+        // an 8-byte..256 KiB AllReduce is faster in the latency regime (8.0 µs at 256 KiB in a
+        // CUDA graph against 17.4 µs staged).
         Self {
             regime: None,
-            latency_max_bytes: 64 << 10,
+            latency_max_bytes: 256 << 10,
             staging_side: StagingSide::Peer,
-            chunk_bytes: 512 << 10,
-            blocks_per_role: 8,
-            slots: 4,
+            chunk_bytes: 4 << 20,
+            blocks_per_role: 16,
+            slots: 2,
         }
     }
 }
@@ -138,12 +142,85 @@ pub fn plan_for(
     tuning: &Tuning,
     limits: &PlanLimits,
 ) -> Result<Plan, Error> {
-    let cfg = plan_config(spec, in_place, tuning, limits);
-    match derive_rank(spec, &cfg, rank) {
-        Err(DeriveError::WindowTooSmall { .. }) if tuning.regime.is_none() && cfg.regime == Regime::Latency => {
-            let cfg = PlanConfig { regime: Regime::Throughput, ..cfg };
-            derive_rank(spec, &cfg, rank).map_err(Error::from)
+    let mut cfg = plan_config(spec, in_place, tuning, limits);
+    loop {
+        match derive_rank(spec, &cfg, rank) {
+            Err(DeriveError::WindowTooSmall { .. }) if tuning.regime.is_none() && cfg.regime == Regime::Latency => {
+                cfg.regime = Regime::Throughput;
+            }
+            // Many peers' areas in one sense half: smaller chunks, down to the granule.
+            Err(DeriveError::StagingTooSmall { .. }) if cfg.chunk_bytes > 16 * u64::from(cfg.blocks_per_role) => {
+                let granule = 16 * u64::from(cfg.blocks_per_role);
+                cfg.chunk_bytes = (cfg.chunk_bytes / 2).div_ceil(granule) * granule;
+            }
+            r => return r.map_err(Error::from),
         }
-        r => r.map_err(Error::from),
+    }
+}
+
+/// [`plan_for`] with fewer blocks per role while `fits` rejects the plan (e.g. a parameter
+/// block larger than the executor's), halving down to one block.
+pub fn plan_fitting(
+    spec: &CollectiveSpec,
+    rank: u32,
+    in_place: bool,
+    tuning: &Tuning,
+    limits: &PlanLimits,
+    fits: impl Fn(&Plan) -> bool,
+) -> Result<Plan, Error> {
+    let mut t = *tuning;
+    loop {
+        let plan = plan_for(spec, rank, in_place, &t, limits)?;
+        if fits(&plan) || t.blocks_per_role <= 1 {
+            return Ok(plan);
+        }
+        t.blocks_per_role /= 2;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use purlin_snac::{DataType, ReduceOp};
+
+    fn limits() -> PlanLimits {
+        PlanLimits {
+            staging_bytes: 16 << 20,
+            window_bytes: 1 << 20,
+            max_coresident_blocks: 264,
+            packet: PacketFormat::B16,
+        }
+    }
+
+    #[test]
+    fn every_collective_gets_a_plan_that_fits_at_every_world() {
+        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= 2048;
+        for world in [2u32, 3, 4, 8, 16] {
+            for bytes in [8u64, 4096, 1 << 20, 256 << 20] {
+                let n = (bytes / 4 / u64::from(world)).max(1);
+                for spec in [
+                    CollectiveSpec::all_reduce(world, DataType::F32, ReduceOp::Sum, n * u64::from(world)),
+                    CollectiveSpec::all_gather(world, DataType::F32, n),
+                    CollectiveSpec::reduce_scatter(world, DataType::Bf16, ReduceOp::Max, n),
+                    CollectiveSpec::all_to_all(world, DataType::U8, n),
+                ] {
+                    for rank in [0, world - 1] {
+                        let plan = plan_fitting(&spec, rank, false, &Tuning::default(), &limits(), words)
+                            .unwrap_or_else(|e| panic!("{spec:?} rank {rank}: {e}"));
+                        assert!(words(&plan), "{spec:?}: {} words", purlin_snac::params::encode(&plan).len());
+                        assert!(plan.grid() <= 264);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn small_calls_take_the_latency_regime_and_large_ones_stage() {
+        let small = CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, 1024);
+        let large = CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, 16 << 20);
+        let t = Tuning::default();
+        assert_eq!(plan_for(&small, 0, false, &t, &limits()).unwrap().regime, Regime::Latency);
+        assert_eq!(plan_for(&large, 0, false, &t, &limits()).unwrap().regime, Regime::Throughput);
     }
 }
