@@ -354,9 +354,11 @@ __device__ void run_step(const Ctx& x, u64 at, u64 c) {
         u64* counter = (u64*)x.rt->counters + idx_at(r[3], c);
         const u64 arrivals = r[4];
         const u64 before = purlin::sync::atom_add_acq_rel_gpu(counter, 1);
-        // The counter is never reset: the arrival that brings it to a multiple of
-        // `arrivals` is the last of its round (plan.rs's Arrive contract).
-        if (arrivals != 0 && (before + 1) % arrivals == 0) {
+        // The arrival that brings the counter to `arrivals` is the last of its round: it
+        // puts the counter back to zero (the plan contract), so the next round — or the
+        // next call, whatever its arrival count — starts from zero.
+        if (before + 1 == arrivals) {
+          purlin::sync::counter_reset(counter);
           purlin::sync::publish_fence();
           for (u32 i = 0; i < count; ++i) notify_store(x, r + 5 + 4 * i, c);
         }

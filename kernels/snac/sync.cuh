@@ -45,6 +45,12 @@ __device__ __forceinline__ u64 atom_add_acq_rel_gpu(u64* p, u64 v) {
   return old;
 }
 
+// The last arriver of a round puts its counter back to zero (before publish_fence and the
+// notifications, which order the reset before any arrival of the counter's next round).
+__device__ __forceinline__ void counter_reset(u64* p) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(0ull) : "memory");
+}
+
 // Nanoseconds from the GPU's global timer: the clock of bounded waits.
 __device__ __forceinline__ u64 now_ns() {
   u64 t;

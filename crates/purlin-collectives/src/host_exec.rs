@@ -541,8 +541,10 @@ impl BlockRun<'_> {
                 let idx = counter.at(c) as usize;
                 let word = self.me().counters.get(idx).ok_or_else(|| bad(format!("counter {idx} out of bounds")))?;
                 let before = word.fetch_add(1, Ordering::AcqRel);
-                // Never reset: the arrival reaching a multiple of `arrivals` is its round's last.
-                if *arrivals != 0 && (before + 1) % u64::from(*arrivals) == 0 {
+                // The arrival reaching `arrivals` is its round's last: it resets the counter (the
+                // plan contract), so the next round or call starts from zero.
+                if before + 1 == u64::from(*arrivals) {
+                    word.store(0, Ordering::Relaxed);
                     for n in then {
                         self.notify(n, epoch, c, at)?;
                     }
