@@ -7,7 +7,7 @@
 //! The defaults come from a first sweep on 2×H200 (PERFORMANCE.md): push staging (remote
 //! stores beat remote loads under two-way load, DEVICE.md, and the sweep agrees), 16 blocks
 //! per role with 256 KiB per block per chunk (large chunks amortise each chunk's fence and
-//! flag round trip), 2 slots, packets up to 256 KiB per rank. A call whose plan does not fit
+//! flag round trip), 2 slots, packets up to 1 MiB per rank. A call whose plan does not fit
 //! (staging, parameter block) is re-planned with smaller chunks or fewer blocks.
 
 use purlin_snac::{
@@ -38,10 +38,11 @@ impl Default for Tuning {
         // Measured on 2×H200, 2026-11-30 (PERFORMANCE.md, round 4): 64 MiB AllGather took
         // 504 µs with 512 KiB chunks × 8 blocks × 4 slots and 163 µs with 4 MiB × 16 × 2;
         // an 8-byte..256 KiB AllReduce is faster in the latency regime (8.0 µs at 256 KiB in a
-        // CUDA graph against 17.4 µs staged).
+        // CUDA graph against 17.4 µs staged), and round 5 measured the staged path at 26 µs
+        // from 512 KiB to 2 MiB, so packets serve up to 1 MiB per rank (window: 4 MiB).
         Self {
             regime: None,
-            latency_max_bytes: 256 << 10,
+            latency_max_bytes: 1 << 20,
             staging_side: StagingSide::Peer,
             chunk_bytes: 4 << 20,
             blocks_per_role: 16,
