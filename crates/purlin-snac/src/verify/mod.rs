@@ -1,7 +1,7 @@
 //! The SNAC verifier: an explicit-state model of plans (DESIGN.md §3.5).
 //!
-//! It checks any plan, however made: it never uses the derivation (`crate::derive`); an
-//! invariant test reads this directory's sources to keep it so.
+//! It checks any plan, however made: it never uses the plan derivation; an invariant test
+//! reads this directory's sources to keep it so.
 //!
 //! # The model
 //!
@@ -434,12 +434,38 @@ struct St {
 
 impl St {
     fn fingerprint(&self) -> (u64, u64) {
-        let mut a = std::hash::DefaultHasher::new();
-        self.hash(&mut a);
-        let mut b = std::hash::DefaultHasher::new();
-        0xa5a5u16.hash(&mut b);
-        self.hash(&mut b);
-        (a.finish(), b.finish())
+        let mut h = Fp(0x243f_6a88_85a3_08d3, 0x1319_8a2e_0370_7344);
+        self.hash(&mut h);
+        (h.0, h.1)
+    }
+}
+
+/// A fast two-lane 128-bit hasher for state fingerprints.
+struct Fp(u64, u64);
+
+impl Hasher for Fp {
+    fn finish(&self) -> u64 {
+        self.0 ^ self.1
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for ch in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..ch.len()].copy_from_slice(ch);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+        self.1 = (self.1.rotate_left(17) ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(x as u64)
+    }
+    fn write_u8(&mut self, x: u8) {
+        self.write_u64(x as u64 | 0x100)
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64)
     }
 }
 
@@ -452,16 +478,31 @@ struct Tr {
 /// One access of a synchronization step, for the independence check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Obj {
-    Counter(usize, u32),
-    Flag(usize, u32),
+    /// An arrival on counter `(rank, index)` at chunk `c` ([`WILD`]: any chunk), with a digest
+    /// of the notifications it would issue as the last arrival.
+    Counter(usize, u32, u64, u64),
+    /// A store to flag `(rank, index)`; `Some((rank, index, chunk, digest))` of the counter
+    /// when made by the last arrival of that counter's round.
+    Flag(usize, u32, Option<(usize, u32, u64, u64)>),
     Window(usize, u64, u64),
     Cell(usize, u64),
 }
 
+/// A chunk index standing for "any chunk".
+const WILD: u64 = u64::MAX;
+
 impl Obj {
+    /// Whether two accesses (one of them a write) do not commute.
     fn overlaps(&self, o: &Obj) -> bool {
         match (self, o) {
-            (Obj::Counter(a, i), Obj::Counter(b, j)) | (Obj::Flag(a, i), Obj::Flag(b, j)) => a == b && i == j,
+            // Arrivals of the same round commute (see the model of `Arrive`).
+            (Obj::Counter(a, i, c, x), Obj::Counter(b, j, d, y)) => {
+                a == b && i == j && (c != d || *c == WILD || x != y)
+            }
+            // The last arrival's stores are the same whichever arrival is last.
+            (Obj::Flag(a, i, x), Obj::Flag(b, j, y)) => {
+                a == b && i == j && !(x.is_some() && x == y && x.is_some_and(|x| x.2 != WILD))
+            }
             (Obj::Cell(a, i), Obj::Cell(b, j)) => a == b && i == j,
             (Obj::Window(a, x0, x1), Obj::Window(b, y0, y1)) => a == b && x0 < y1 && y0 < x1,
             _ => false,
@@ -547,10 +588,20 @@ impl<'a> Model<'a> {
             }
             {
                 let e = self.sense[k];
-                let mut cs: Vec<u64> = (lo..hi.min(lo + 64)).collect();
+                // Every chunk of short loops; beyond 256 chunks, the first 256 with the chunk
+                // index of counters and arrival stores made a wildcard.
+                let wild = hi - lo > 256;
+                let mut cs: Vec<u64> = (lo..hi.min(lo + 256)).collect();
                 cs.push(hi - 1);
                 for c in cs {
-                    for (o, w) in self.footprint_at(pid, s, c, e) {
+                    for (mut o, w) in self.footprint_at(pid, s, c, e) {
+                        if wild {
+                            match &mut o {
+                                Obj::Counter(_, _, c, _) => *c = WILD,
+                                Obj::Flag(_, _, Some(x)) => x.2 = WILD,
+                                _ => {}
+                            }
+                        }
                         match out.iter_mut().find(|(x, xw, _)| *x == o && *xw == w) {
                             Some(item) => item.2 = item.2.max(last),
                             None => out.push((o, w, last)),
@@ -586,11 +637,19 @@ impl<'a> Model<'a> {
         };
         match s {
             Step::Arrive { counter, then, .. } => {
-                let mut v = vec![(Obj::Counter(r, counter.at(c)), true)];
-                v.extend(then.iter().map(|n| (Obj::Flag(n.peer as usize, n.flag.at(c)), true)));
+                // Arrivals of one round commute only when they would issue the same stores.
+                let mut h = Fp(1, 2);
+                for n in then {
+                    // Blocks of one rank share the epoch (else a uniform-advance violation has
+                    // already been reported), so the value is compared without it.
+                    (n.kind, n.peer, n.flag.at(c), n.value.chunk_mul, n.value.add, c).hash(&mut h);
+                }
+                let ctr = (r, counter.at(c), c, h.0);
+                let mut v = vec![(Obj::Counter(r, counter.at(c), c, h.0), true)];
+                v.extend(then.iter().map(|n| (Obj::Flag(n.peer as usize, n.flag.at(c), Some(ctr)), true)));
                 v
             }
-            Step::Signal { notify, .. } => vec![(Obj::Flag(notify.peer as usize, notify.flag.at(c)), true)],
+            Step::Signal { notify, .. } => vec![(Obj::Flag(notify.peer as usize, notify.flag.at(c), None), true)],
             Step::PutPackets { dst, len, .. } => vec![(win(dst, len.at(c)), true)],
             Step::Gather { src, len, expect: Some(_), .. } => vec![(win(src, len.at(c)), false)],
             Step::Reduce { srcs, len, expect: Some(_), .. } => srcs
@@ -1025,14 +1084,17 @@ impl<'a> Model<'a> {
                 }
             }
             Step::Arrive { counter, arrivals, then, .. } => {
+                // The counter accumulates the arrivers' clocks (each arrival releases); the
+                // notifications of the last arrival carry them all. Arrivers acquire nothing
+                // from the counter: that is weaker than the executor's acq_rel (so never hides
+                // a race) and makes arrivals of one round commute.
                 let i = counter.at(c) as usize;
-                let cv = st.ctrs[r][i].1.clone();
-                join(&mut st.vc[pid], &cv);
-                let snap = st.vc[pid].clone();
+                let mine = st.vc[pid].clone();
                 let ctr = &mut st.ctrs[r][i];
-                ctr.1 = snap.clone();
+                join(&mut ctr.1, &mine);
                 ctr.0 += 1;
                 if ctr.0 == *arrivals as u64 {
+                    let snap = std::mem::replace(&mut ctr.1, Rc::new(vec![0; self.nclock]));
                     ctr.0 = 0;
                     for n in then {
                         st.flags[n.peer as usize][n.flag.at(c) as usize].push((eval(&n.value, e, c), snap.clone()));

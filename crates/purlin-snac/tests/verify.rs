@@ -1,0 +1,348 @@
+//! The verifier over derived plans: the exhaustive CI set, back-to-back scenarios, in-place
+//! calls, V collectives with empty partitions and one-way traffic, mutation testing, and a
+//! property test that every derived plan verifies.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use proptest::prelude::*;
+use purlin_snac::verify::mutate::{self, Mutation};
+use purlin_snac::verify::{Coverage, Options, Property, twin_spec, verify};
+use purlin_snac::*;
+
+fn small(regime: Regime, side: StagingSide, blocks: u32) -> PlanConfig {
+    PlanConfig {
+        regime,
+        staging_side: side,
+        chunk_bytes: 32 * blocks as u64,
+        blocks_per_role: blocks,
+        slots: 2,
+        staging_bytes: 2048 * blocks as u64,
+        window_bytes: 4096,
+        max_coresident_blocks: 16,
+        ..PlanConfig::default()
+    }
+}
+
+fn plans(spec: &CollectiveSpec, cfg: &PlanConfig) -> Vec<Plan> {
+    let twin = twin_spec(spec, cfg.chunk_bytes, cfg.slots as u64);
+    derive(&twin, cfg).unwrap_or_else(|e| panic!("{spec:?} {cfg:?}: {e}"))
+}
+
+fn must_verify(calls: &[Vec<Plan>], what: &str) -> Coverage {
+    let r = verify(calls, &Options::default());
+    if let Err(v) = &r.result {
+        panic!("{what}: {v}");
+    }
+    r.coverage
+}
+
+/// The exhaustive CI set: every collective, both regimes, both staging sides, both AllReduce
+/// algorithms; world 2 with 1 and 2 blocks per role, world 3 with 1; three back-to-back calls.
+#[test]
+fn ci_set_is_exhaustive_within_budget() {
+    let t0 = Instant::now();
+    let (mut states, mut runs) = (0u64, 0);
+    for (world, blocks) in [(2u32, 1u32), (2, 2), (3, 1)] {
+        for c in Collective::ALL {
+            for regime in [Regime::Latency, Regime::Throughput] {
+                for side in [StagingSide::Own, StagingSide::Peer] {
+                    if regime == Regime::Latency && side == StagingSide::Peer {
+                        continue; // the staging side does not exist in the latency regime
+                    }
+                    let algos: &[AllReduceAlgo] = if c == Collective::AllReduce {
+                        &[AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot]
+                    } else {
+                        &[AllReduceAlgo::Auto]
+                    };
+                    for &allreduce in algos {
+                        let cfg = PlanConfig { allreduce, ..small(regime, side, blocks) };
+                        let spec =
+                            spec_of(c, world, DataType::U8, 80 * blocks as u64, vec![80, 0, 17, 50, 3, 0, 0, 64, 9]);
+                        let p = plans(&spec, &cfg);
+                        let what = format!("{c:?} w{world} b{blocks} {regime:?} {side:?} {allreduce:?}");
+                        let r = verify(
+                            &[p.clone(), p.clone(), p],
+                            &Options { max_states: 200_000, mode: verify::Mode::Exhaustive, ..Options::default() },
+                        );
+                        match (&r.result, r.coverage) {
+                            (Ok(()), Coverage::Exhaustive { states: s }) => states += s,
+                            (Err(v), cov) => panic!("{what}: {cov}: {v}"),
+                            (Ok(()), cov) => panic!("{what}: not exhaustive: {cov}"),
+                        }
+                        runs += 1;
+                    }
+                }
+            }
+        }
+    }
+    let dt = t0.elapsed();
+    println!("CI set: {runs} scenarios, exhaustive, {states} states in total, {dt:.2?}");
+    assert!(states <= 10_000_000);
+}
+
+use purlin_snac::verify;
+
+#[test]
+fn back_to_back_calls_of_different_collectives_sizes_and_grids() {
+    for world in [2u32, 3] {
+        let f = DataType::F32;
+        let calls = vec![
+            plans(
+                &CollectiveSpec::all_reduce(world, f, ReduceOp::Sum, 40),
+                &small(Regime::Throughput, StagingSide::Peer, 2),
+            ),
+            plans(
+                &CollectiveSpec::all_gather_v(world, f, (0..world as u64).map(|i| i * 7).collect()),
+                &small(Regime::Throughput, StagingSide::Own, 1),
+            ),
+            plans(&CollectiveSpec::all_to_all(world, DataType::Bf16, 8), &small(Regime::Latency, StagingSide::Own, 1)),
+            plans(
+                &CollectiveSpec::reduce_scatter(world, f, ReduceOp::Max, 12),
+                &small(Regime::Throughput, StagingSide::Own, 1),
+            ),
+            plans(
+                &CollectiveSpec::all_reduce(world, f, ReduceOp::Sum, 0),
+                &small(Regime::Latency, StagingSide::Own, 1),
+            ),
+            plans(
+                &CollectiveSpec::all_reduce(world, DataType::F16, ReduceOp::Avg, 33),
+                &small(Regime::Latency, StagingSide::Own, 2),
+            ),
+        ];
+        let cov = must_verify(&calls, &format!("mixed w{world}"));
+        println!("mixed scenario w{world}: {cov}");
+    }
+}
+
+#[test]
+fn in_place_calls() {
+    for world in [2u32, 3] {
+        for (c, regime, allreduce) in [
+            (Collective::AllReduce, Regime::Latency, AllReduceAlgo::OneShot),
+            (Collective::AllReduce, Regime::Latency, AllReduceAlgo::TwoShot),
+            (Collective::AllReduce, Regime::Throughput, AllReduceAlgo::TwoShot),
+            (Collective::AllGather, Regime::Throughput, AllReduceAlgo::Auto),
+            (Collective::AllGather, Regime::Latency, AllReduceAlgo::Auto),
+            (Collective::ReduceScatter, Regime::Throughput, AllReduceAlgo::Auto),
+            (Collective::AllGatherV, Regime::Throughput, AllReduceAlgo::Auto),
+            (Collective::ReduceScatterV, Regime::Latency, AllReduceAlgo::Auto),
+        ] {
+            for side in [StagingSide::Own, StagingSide::Peer] {
+                let cfg = PlanConfig { in_place: true, allreduce, ..small(regime, side, 1) };
+                let p = plans(&spec_of(c, world, DataType::U8, 70, vec![70, 0, 33]), &cfg);
+                assert!(p.iter().all(|p| p.resources.alias.is_some()));
+                must_verify(&[p.clone(), p.clone(), p], &format!("in-place {c:?} w{world} {regime:?} {side:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn v_collectives_with_empty_partitions_and_one_way_traffic() {
+    for regime in [Regime::Latency, Regime::Throughput] {
+        for side in [StagingSide::Own, StagingSide::Peer] {
+            let cfg = small(regime, side, 1);
+            // One-way traffic: only rank 0 sends, only to rank 2.
+            let one_way =
+                CollectiveSpec::all_to_all_v(3, DataType::U8, vec![vec![0, 0, 90], vec![0, 0, 0], vec![0, 0, 0]]);
+            // Everything empty.
+            let empty = CollectiveSpec::all_gather_v(3, DataType::U8, vec![0, 0, 0]);
+            // One contributor, heavy skew.
+            let skew = CollectiveSpec::reduce_scatter_v(3, DataType::U8, ReduceOp::Sum, vec![0, 150, 0]);
+            let calls = vec![plans(&one_way, &cfg), plans(&empty, &cfg), plans(&skew, &cfg), plans(&one_way, &cfg)];
+            let cov = must_verify(&calls, &format!("V {regime:?} {side:?}"));
+            println!("V scenario {regime:?} {side:?}: {cov}");
+        }
+    }
+}
+
+/// Without the handshake, one-way V traffic lets ranks drift: the verifier must say so.
+#[test]
+fn v_plan_without_handshake_is_rejected() {
+    let cfg = small(Regime::Latency, StagingSide::Own, 1);
+    let one_way = CollectiveSpec::all_to_all_v(3, DataType::U8, vec![vec![0, 0, 90], vec![0, 0, 0], vec![0, 0, 0]]);
+    let mut p = plans(&one_way, &cfg);
+    for plan in &mut p {
+        for b in &mut plan.blocks {
+            b.steps.retain(|s| !matches!(s, Step::HandshakeSend { .. } | Step::HandshakeWait { .. }));
+        }
+    }
+    let r = verify(&[p.clone(), p.clone(), p], &Options::default());
+    assert_eq!(r.property(), Some(Property::AllPairs), "{:?}", r.result.err().map(|v| v.to_string()));
+}
+
+/// Mutation testing at every applicable site of a set of derived plans. Survivors must be of
+/// the classes argued equivalent in the crate README (mutation testing section).
+#[test]
+fn mutation_testing_kills_every_non_equivalent_mutant() {
+    let t0 = Instant::now();
+    let cases: Vec<(CollectiveSpec, PlanConfig)> = vec![
+        (
+            CollectiveSpec::all_reduce(2, DataType::U8, ReduceOp::Sum, 80),
+            small(Regime::Throughput, StagingSide::Own, 1),
+        ),
+        (
+            CollectiveSpec::all_reduce(3, DataType::U8, ReduceOp::Sum, 96),
+            small(Regime::Throughput, StagingSide::Peer, 1),
+        ),
+        (CollectiveSpec::all_gather(2, DataType::U8, 80), small(Regime::Throughput, StagingSide::Peer, 2)),
+        (
+            CollectiveSpec::all_to_all_v(3, DataType::U8, vec![vec![0, 40, 0], vec![0, 0, 90], vec![17, 0, 0]]),
+            small(Regime::Throughput, StagingSide::Own, 1),
+        ),
+        (
+            CollectiveSpec::all_reduce(3, DataType::U8, ReduceOp::Sum, 48),
+            PlanConfig { allreduce: AllReduceAlgo::TwoShot, ..small(Regime::Latency, StagingSide::Own, 1) },
+        ),
+        (
+            CollectiveSpec::reduce_scatter_v(2, DataType::U8, ReduceOp::Sum, vec![40, 0]),
+            small(Regime::Latency, StagingSide::Own, 1),
+        ),
+    ];
+    let (mut total, mut killed) = (0, 0);
+    let mut per_kind = std::collections::BTreeMap::new();
+    let mut survivors = vec![];
+    for (spec, cfg) in &cases {
+        let p = plans(spec, cfg);
+        for m in Mutation::ALL {
+            for site in mutate::sites(&p, m) {
+                let mp = mutate::apply(&p, m, site);
+                let r = verify(
+                    &[mp.clone(), mp.clone(), mp],
+                    &Options { max_states: 50_000, schedules: 50, ..Options::default() },
+                );
+                total += 1;
+                let e = per_kind.entry(m.name()).or_insert((0, 0));
+                e.1 += 1;
+                if r.ok() {
+                    survivors.push(format!(
+                        "{} w{} {:?}: {} at {site} ({})",
+                        spec.collective.name(),
+                        spec.world,
+                        cfg.regime,
+                        m.name(),
+                        r.coverage
+                    ));
+                    // Equivalent classes (see README): a dropped handshake or an epoch shift
+                    // whose effect the data dependencies or the value ranges already cover.
+                    assert!(
+                        matches!(m, Mutation::DropHandshake | Mutation::EpochOffByOne),
+                        "{}",
+                        survivors.last().unwrap()
+                    );
+                } else {
+                    killed += 1;
+                    e.0 += 1;
+                }
+            }
+        }
+    }
+    println!("mutants killed: {killed}/{total} ({:.1}%) in {:.2?}", 100.0 * killed as f64 / total as f64, t0.elapsed());
+    for (k, (a, b)) in &per_kind {
+        println!("  {k}: {a}/{b}");
+    }
+    for s in &survivors {
+        println!("  survivor: {s}");
+    }
+    assert!(total > 100);
+    assert!(killed * 100 >= total * 90);
+}
+
+#[test]
+fn a_mutation_without_sites_is_visible() {
+    let p = plans(&CollectiveSpec::all_gather(2, DataType::U8, 16), &small(Regime::Latency, StagingSide::Own, 1));
+    assert!(mutate::sites(&p, Mutation::DropDrain).is_empty());
+    assert!(!mutate::sites(&p, Mutation::RegionOffByOne).is_empty());
+}
+
+#[test]
+fn sampled_mode_names_its_seed() {
+    let p = plans(
+        &CollectiveSpec::all_reduce(2, DataType::U8, ReduceOp::Sum, 64),
+        &small(Regime::Throughput, StagingSide::Own, 2),
+    );
+    let r =
+        verify(&[p.clone(), p], &Options { mode: verify::Mode::Sampled, schedules: 20, seed: 7, ..Options::default() });
+    assert!(r.ok());
+    assert_eq!(r.coverage.to_string(), "sampled 20 schedules, seed 7");
+}
+
+/// The verifier never uses the derivation: no source file under `src/verify/` names it.
+#[test]
+fn verifier_does_not_use_the_derivation() {
+    let dir = format!("{}/src/verify", env!("CARGO_MANIFEST_DIR"));
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        let src = std::fs::read_to_string(&path).unwrap();
+        for bad in
+            ["crate::derive", "derive::", "derive_rank", "super::super::derive", "PlanConfig", "purlin_snac::derive"]
+        {
+            assert!(!src.contains(bad), "{} mentions `{bad}`", path.display());
+        }
+        // `derive(` only as the attribute `#[derive(`.
+        for (i, _) in src.match_indices("derive(") {
+            assert!(src[..i].ends_with("#["), "{} calls derive(", path.display());
+        }
+        n += 1;
+    }
+    assert!(n >= 3);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Every derived plan over random small specs verifies (3 back-to-back calls).
+    #[test]
+    fn derived_plans_verify(spec in spec(2..=3), regime in prop_oneof![Just(Regime::Latency), Just(Regime::Throughput)],
+                            side in prop_oneof![Just(StagingSide::Own), Just(StagingSide::Peer)], in_place in any::<bool>()) {
+        let cfg = PlanConfig { in_place, ..small(regime, side, 1) };
+        let spec = twin_spec(&spec, cfg.chunk_bytes, cfg.slots as u64);
+        // Keep the model small: cap every count.
+        let spec = twin_spec(&spec, 32, 1);
+        if let Ok(p) = derive(&spec, &cfg) {
+            let r = verify(&[p.clone(), p.clone(), p], &Options { max_states: 20_000, schedules: 20, ..Options::default() });
+            if let Err(v) = r.result {
+                return Err(TestCaseError::fail(format!("{spec:?} {cfg:?}: {v}")));
+            }
+        }
+    }
+}
+
+/// The larger exhaustive set (world 4 with 1 block per role, world 3 with 2): run with
+/// `cargo test -p purlin-snac --release --test verify -- --ignored`.
+#[test]
+#[ignore]
+fn full_set() {
+    let t0 = Instant::now();
+    let mut states = 0;
+    for (world, blocks) in [(4u32, 1u32), (3, 2)] {
+        for c in Collective::ALL {
+            for regime in [Regime::Latency, Regime::Throughput] {
+                for side in [StagingSide::Own, StagingSide::Peer] {
+                    let cfg = small(regime, side, blocks);
+                    let p = plans(
+                        &spec_of(c, world, DataType::U8, 80 * blocks as u64, vec![80, 0, 17, 50, 3, 0, 0, 64, 9]),
+                        &cfg,
+                    );
+                    let r =
+                        verify(&[p.clone(), p.clone(), p], &Options { max_states: 2_000_000, ..Options::default() });
+                    if let Err(v) = &r.result {
+                        panic!("{c:?} w{world} b{blocks} {regime:?} {side:?}: {v}");
+                    }
+                    if let Coverage::Exhaustive { states: s } = r.coverage {
+                        states += s;
+                    }
+                    println!("{c:?} w{world} b{blocks} {regime:?} {side:?}: {}", r.coverage);
+                }
+            }
+        }
+    }
+    println!("full set: {states} exhaustive states, {:.2?}", t0.elapsed());
+}
+
+#[allow(dead_code)]
+fn _unused(_: Duration) {}
