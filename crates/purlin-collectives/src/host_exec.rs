@@ -250,6 +250,16 @@ impl HostWorld {
         if r.epoch_words as usize > c.epoch_words || plan.blocks.len() > c.epoch_words {
             return Err(too_big("epoch words", r.epoch_words.max(plan.blocks.len() as u32) as u64, c.epoch_words));
         }
+        // A reduce the Atom cannot do must fail here, before any block has written or
+        // signalled anything (failing inside a block would leave the peers waiting).
+        let mut reduces = false;
+        plan.for_each_step(|_, s, _| reduces |= matches!(s, Step::Reduce { .. }));
+        if reduces && (plan.spec.op.is_none() || atom_dtype(plan.spec.dtype).is_none()) {
+            return Err(Error::Unsupported(format!(
+                "reductions of {:?} with {:?} (the Atom reduces f32, f16, bf16, fp8, i32, u32)",
+                plan.spec.dtype, plan.spec.op
+            )));
+        }
         if (b.input_len as u64) < r.input_bytes || (b.output_len as u64) < r.output_bytes {
             return Err(Error::InvalidArgument(format!(
                 "buffers of {} / {} bytes for a plan of {} / {}",

@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod comm;
+pub mod cpu;
 pub mod device;
 pub mod error;
 pub mod exec_device;
@@ -21,6 +22,7 @@ pub mod tuning;
 pub mod workspace;
 
 pub use comm::{Comm, CommConfig, ReduceOp};
+pub use cpu::{CpuComm, CpuConfig};
 pub use error::Error;
 pub use id::Id;
 

@@ -1,0 +1,574 @@
+//! The host communicator: every collective on CPU threads of one process, through the same
+//! SNAC plans the GPUs run (DESIGN.md §3.4, §5 "Executors").
+//!
+//! [`CpuComm::threads`] makes one communicator per rank (like `Comm::from_devices`); give each
+//! to its own thread and call the same collectives on every rank, as with NCCL. Each call
+//! blocks until this rank's plan has completed, so the ranks' calls must run concurrently.
+//! This is what Purlin runs on a machine without a GPU, and what CI tests every collective on.
+//!
+//! What a call does:
+//! 1. Validates the arguments against the collective's spec — lengths, V counts (length and
+//!    sum), world, element type against the reduce op — and returns a typed [`Error`]
+//!    *before touching anything* (no output byte changes, no peer is signalled).
+//! 2. Plans the call with [`crate::tuning`] (latency regime for small payloads, throughput
+//!    otherwise; staging side, chunk and block counts from [`CpuConfig::tuning`]).
+//! 3. Verifies the plan set with purlin-snac's verifier, once per plan key per process
+//!    (see [`verified`]); a plan the verifier rejects never runs.
+//! 4. Runs this rank's plan on the host executor ([`crate::host_exec`]).
+//!
+//! Scheduling: **one OS thread per (rank, block)** of the plan, spawned per call and joined
+//! before the call returns. Every block is co-resident by construction (what the device
+//! executor gets from a cooperative launch), and waits block on a condition variable instead
+//! of spinning, so a two-core CI machine runs world 8 without starving anyone. A scheduler
+//! multiplexing blocks on fewer threads would need the plan's waits to be resumable; threads
+//! are simpler and fast enough for tests and CPU-only use.
+//!
+//! If one rank's call fails validation and the others proceed, the others' waits expire after
+//! [`CpuConfig::timeout`] ([`Error::Timeout`]) and the world is poisoned (every later call
+//! returns [`Error::Poisoned`]) — as with NCCL, every rank must make the same calls.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use purlin_atom::{F8E4M3, F8E5M2};
+use purlin_snac::verify::{self, Options};
+use purlin_snac::{
+    CollectiveSpec, ConsumeOp, DataType, DeriveError, PacketFormat, Plan, PlanConfig, PlanError, ReductionMode, Regime,
+    StagingSide, derive,
+};
+
+use crate::comm::ReduceOp;
+use crate::error::Error;
+use crate::host_exec::{CallBuffers, HostMemoryConfig, HostWorld, atom_dtype};
+use crate::tuning::{PlanLimits, Tuning, plan_config, plan_for};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The element types host collectives accept: cudarc's NCCL set (`f32`, `f64`, `i8`, `u8`,
+/// `i32`, `u32`, `i64`, `u64`, `half::f16`, `half::bf16`) plus the two fp8 formats.
+/// Gathers (AllGather, AllToAll and their V forms) move any of them; reductions need a type
+/// the Atom reduces (f32, f16, bf16, fp8 e4m3/e5m2, i32, u32), others get
+/// [`Error::Unsupported`].
+pub trait CpuType: sealed::Sealed + Copy + Send + Sync + 'static {
+    /// The element type of a spec.
+    const DATA_TYPE: DataType;
+}
+
+macro_rules! cpu_type {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(
+            impl sealed::Sealed for $t {}
+            impl CpuType for $t {
+                const DATA_TYPE: DataType = DataType::$d;
+            }
+        )*
+    };
+}
+cpu_type!(f32 => F32, f64 => F64, i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64,
+    half::f16 => F16, half::bf16 => Bf16, F8E4M3 => F8E4M3, F8E5M2 => F8E5M2);
+
+/// A host communicator's configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuConfig {
+    /// Bound on every wait of the host executor (default [`crate::host::DEFAULT_TIMEOUT`]).
+    pub timeout: Duration,
+    /// Each rank's staging, packet window, flags, counters and epochs. `epoch_words` is also
+    /// the co-residency bound plans are made under (threads are always co-resident).
+    pub memory: HostMemoryConfig,
+    /// Regime, staging side, chunk and block counts (see [`CpuConfig::host_tuning`]).
+    pub tuning: Tuning,
+    /// Deterministic (rank-order, bitwise reproducible) or fast reductions.
+    pub mode: ReductionMode,
+    /// Packet format of the latency regime.
+    pub packet: PacketFormat,
+    /// The verifier's budget for each plan key (exhaustive up to `max_states`, else sampled).
+    pub verify: Options,
+}
+
+impl CpuConfig {
+    /// The host's tuning defaults: the GPU table's regime band, but 32 KiB chunks, 2 blocks
+    /// per role and 4 slots — a CPU thread per block, and staging that fits world 16 in 4 MiB.
+    pub fn host_tuning() -> Tuning {
+        Tuning { chunk_bytes: 32 << 10, blocks_per_role: 2, slots: 4, ..Tuning::default() }
+    }
+
+    /// The defaults with the `PURLIN_*` tuning overrides of [`Tuning::from_env`] applied (a
+    /// variable that is set wins over the host default; unset ones keep it) and
+    /// `PURLIN_TIMEOUT_S` (seconds).
+    pub fn from_env() -> Result<Self, Error> {
+        let mut c = Self::default();
+        let (env, gpu) = (Tuning::from_env()?, Tuning::default());
+        let set = |var: &str| std::env::var_os(var).is_some();
+        if set("PURLIN_REGIME") {
+            c.tuning.regime = env.regime;
+        }
+        if set("PURLIN_STAGING_SIDE") {
+            c.tuning.staging_side = env.staging_side;
+        }
+        if set("PURLIN_CHUNK_BYTES") {
+            c.tuning.chunk_bytes = env.chunk_bytes;
+        }
+        if set("PURLIN_BLOCKS_PER_ROLE") {
+            c.tuning.blocks_per_role = env.blocks_per_role;
+        }
+        if set("PURLIN_SLOTS") {
+            c.tuning.slots = env.slots;
+        }
+        if set("PURLIN_LATENCY_MAX_BYTES") || env.latency_max_bytes != gpu.latency_max_bytes {
+            c.tuning.latency_max_bytes = env.latency_max_bytes;
+        }
+        if let Ok(t) = std::env::var("PURLIN_TIMEOUT_S") {
+            let secs: f64 =
+                t.trim().parse().map_err(|e| Error::Env { var: "PURLIN_TIMEOUT_S", problem: format!("{t:?}: {e}") })?;
+            if !(secs.is_finite() && secs > 0.0) {
+                return Err(Error::Env { var: "PURLIN_TIMEOUT_S", problem: format!("{t:?}: must be > 0") });
+            }
+            c.timeout = Duration::from_secs_f64(secs);
+        }
+        Ok(c)
+    }
+
+    /// The plan limits this configuration offers.
+    pub fn limits(&self) -> PlanLimits {
+        PlanLimits {
+            staging_bytes: self.memory.staging_bytes as u64,
+            window_bytes: self.memory.window_bytes as u64,
+            max_coresident_blocks: self.memory.epoch_words as u32,
+            packet: self.packet,
+        }
+    }
+}
+
+impl Default for CpuConfig {
+    fn default() -> Self {
+        Self {
+            timeout: crate::host::DEFAULT_TIMEOUT,
+            memory: HostMemoryConfig::default(),
+            tuning: Self::host_tuning(),
+            mode: ReductionMode::Deterministic,
+            packet: PacketFormat::B8,
+            verify: Options { max_states: 20_000, schedules: 8, ..Options::default() },
+        }
+    }
+}
+
+/// What the last call of a rank ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallInfo {
+    /// The call's spec.
+    pub spec: CollectiveSpec,
+    /// Whether it ran in place.
+    pub in_place: bool,
+    /// Its regime.
+    pub regime: Regime,
+    /// Its staging side (throughput only).
+    pub staging_side: Option<StagingSide>,
+    /// Blocks (threads) of this rank.
+    pub grid: usize,
+    /// The verifier's coverage of its plan key (`exhaustive, N states` or `sampled ...`).
+    pub verified: String,
+}
+
+struct Shared {
+    world: HostWorld,
+    config: CpuConfig,
+    /// One per rank: held for the duration of a call (a second concurrent call on the same
+    /// rank is refused, not interleaved).
+    busy: Vec<Mutex<()>>,
+    last: Vec<Mutex<Option<CallInfo>>>,
+}
+
+/// A host communicator: one rank of a world of threads in this process.
+pub struct CpuComm {
+    rank: usize,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for CpuComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuComm").field("rank", &self.rank).field("world", &self.shared.world).finish()
+    }
+}
+
+/// A call's buffers, before they become raw pointers.
+enum Bufs<'a> {
+    Separate(&'a [u8], &'a mut [u8]),
+    InPlace(&'a mut [u8]),
+}
+
+fn bytes_of<T: CpuType>(s: &[T]) -> &[u8] {
+    // SAFETY: every `CpuType` is a plain number type (or a repr(transparent) byte code)
+    // without padding, so its memory is `size_of_val(s)` initialized bytes.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
+fn bytes_of_mut<T: CpuType>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `bytes_of`; and every byte pattern is a valid value of every `CpuType`
+    // (integers, IEEE floats, fp8 codes), so writing arbitrary bytes keeps `s` valid.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
+fn snac_op(op: &ReduceOp) -> purlin_snac::ReduceOp {
+    match op {
+        ReduceOp::Sum => purlin_snac::ReduceOp::Sum,
+        ReduceOp::Prod => purlin_snac::ReduceOp::Prod,
+        ReduceOp::Max => purlin_snac::ReduceOp::Max,
+        ReduceOp::Min => purlin_snac::ReduceOp::Min,
+        ReduceOp::Avg => purlin_snac::ReduceOp::Avg,
+    }
+}
+
+fn counts_u64(counts: &[usize]) -> Vec<u64> {
+    counts.iter().map(|&c| c as u64).collect()
+}
+
+impl CpuComm {
+    /// One communicator per rank of a world of `world` threads, with the default
+    /// configuration (like `Comm::from_devices`). Give rank `r`'s to thread `r`.
+    pub fn threads(world: usize) -> Result<Vec<CpuComm>, Error> {
+        Self::threads_with_config(world, CpuConfig::default())
+    }
+
+    /// [`CpuComm::threads`] with a configuration.
+    pub fn threads_with_config(world: usize, config: CpuConfig) -> Result<Vec<CpuComm>, Error> {
+        if !purlin_snac::WORLD_RANGE.contains(&world) {
+            return Err(purlin_snac::SpecError::WorldOutOfRange { world: world.min(u32::MAX as usize) as u32 }.into());
+        }
+        if config.timeout.is_zero() {
+            return Err(Error::InvalidArgument("the timeout must be positive".into()));
+        }
+        if config.memory.epoch_words == 0 {
+            return Err(Error::InvalidArgument("memory.epoch_words (the block bound) must be positive".into()));
+        }
+        let shared = Arc::new(Shared {
+            world: HostWorld::new(world, config.memory, config.timeout),
+            config,
+            busy: (0..world).map(|_| Mutex::new(())).collect(),
+            last: (0..world).map(|_| Mutex::new(None)).collect(),
+        });
+        Ok((0..world).map(|rank| CpuComm { rank, shared: shared.clone() }).collect())
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.shared.world.world()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CpuConfig {
+        &self.shared.config
+    }
+
+    /// `Err(Error::Poisoned)` once a wait of any rank expired (like `ncclCommGetAsyncError`).
+    pub fn async_error(&self) -> Result<(), Error> {
+        if self.shared.world.is_poisoned() {
+            Err(Error::Poisoned("a host executor wait expired on this world".into()))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// What this rank's last successful call ran.
+    pub fn last_call(&self) -> Option<CallInfo> {
+        self.shared.last[self.rank].lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn world_u32(&self) -> u32 {
+        self.world_size() as u32
+    }
+
+    fn mode(&self, spec: CollectiveSpec) -> CollectiveSpec {
+        spec.with_mode(self.shared.config.mode)
+    }
+
+    /// AllReduce: `recv[i] = op over ranks of send[i]`; `recv` has `send.len()` elements.
+    pub fn all_reduce<T: CpuType>(&self, send: &[T], recv: &mut [T], op: &ReduceOp) -> Result<(), Error> {
+        let spec = CollectiveSpec::all_reduce(self.world_u32(), T::DATA_TYPE, snac_op(op), send.len() as u64);
+        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    }
+
+    /// In-place AllReduce.
+    pub fn all_reduce_in_place<T: CpuType>(&self, buf: &mut [T], op: &ReduceOp) -> Result<(), Error> {
+        let spec = CollectiveSpec::all_reduce(self.world_u32(), T::DATA_TYPE, snac_op(op), buf.len() as u64);
+        self.run(self.mode(spec), Bufs::InPlace(bytes_of_mut(buf)))
+    }
+
+    /// AllGather: `recv` holds `world × send.len()` elements, rank `p`'s `send` at `p × send.len()`.
+    pub fn all_gather<T: CpuType>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
+        let spec = CollectiveSpec::all_gather(self.world_u32(), T::DATA_TYPE, send.len() as u64);
+        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    }
+
+    /// In-place AllGather (NCCL's convention): this rank's contribution is already at
+    /// `buf[rank × n .. (rank + 1) × n]`, `n = buf.len() / world`.
+    pub fn all_gather_in_place<T: CpuType>(&self, buf: &mut [T]) -> Result<(), Error> {
+        let n = self.whole_partitions(buf.len(), "all_gather_in_place")?;
+        let spec = CollectiveSpec::all_gather(self.world_u32(), T::DATA_TYPE, n);
+        self.run(self.mode(spec), Bufs::InPlace(bytes_of_mut(buf)))
+    }
+
+    /// ReduceScatter: `send` holds `world × recv.len()` elements; rank `r` receives the
+    /// reduction of every rank's partition `r`.
+    pub fn reduce_scatter<T: CpuType>(&self, send: &[T], recv: &mut [T], op: &ReduceOp) -> Result<(), Error> {
+        let spec = CollectiveSpec::reduce_scatter(self.world_u32(), T::DATA_TYPE, snac_op(op), recv.len() as u64);
+        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    }
+
+    /// In-place ReduceScatter (NCCL's convention): the result lands in this rank's partition
+    /// `buf[rank × n .. (rank + 1) × n]`, `n = buf.len() / world`; the other partitions are
+    /// left as they were.
+    pub fn reduce_scatter_in_place<T: CpuType>(&self, buf: &mut [T], op: &ReduceOp) -> Result<(), Error> {
+        let n = self.whole_partitions(buf.len(), "reduce_scatter_in_place")?;
+        let spec = CollectiveSpec::reduce_scatter(self.world_u32(), T::DATA_TYPE, snac_op(op), n);
+        self.run(self.mode(spec), Bufs::InPlace(bytes_of_mut(buf)))
+    }
+
+    /// AllToAll: `send` and `recv` hold `world × n` elements; partition `q` of `send` goes to
+    /// rank `q`, partition `p` of `recv` comes from rank `p`.
+    pub fn all_to_all<T: CpuType>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
+        let n = self.whole_partitions(send.len(), "all_to_all")?;
+        let spec = CollectiveSpec::all_to_all(self.world_u32(), T::DATA_TYPE, n);
+        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    }
+
+    /// AllGatherV: rank `p` contributes `counts[p]` elements (`send.len() == counts[rank]`);
+    /// `recv` holds their concatenation in rank order. Every rank passes the same `counts`.
+    pub fn all_gather_v<T: CpuType>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<(), Error> {
+        let spec = CollectiveSpec::all_gather_v(self.world_u32(), T::DATA_TYPE, counts_u64(counts));
+        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    }
+
+    /// ReduceScatterV: rank `p` receives `counts[p]` reduced elements (`recv.len() ==
+    /// counts[rank]`); `send` holds every rank's partition, concatenated in rank order (its
+    /// length is the sum of `counts`). Every rank passes the same `counts`.
+    pub fn reduce_scatter_v<T: CpuType>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        op: &ReduceOp,
+    ) -> Result<(), Error> {
+        let spec = CollectiveSpec::reduce_scatter_v(self.world_u32(), T::DATA_TYPE, snac_op(op), counts_u64(counts));
+        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    }
+
+    /// AllToAllV with the whole traffic matrix: `counts[src][dst]` elements go from rank `src`
+    /// to rank `dst` (`world × world`, every rank passes the same matrix — what an MoE router
+    /// has after exchanging its counts). Rank `r`'s `send` is row `r`'s partitions
+    /// concatenated in destination order (torch's `input_split_sizes = counts[r]`), its `recv`
+    /// column `r`'s in source order (`output_split_sizes = counts[*][r]`). The matrix, not
+    /// just this rank's row and column, because the call's plans — and their verification —
+    /// are made from the whole call.
+    pub fn all_to_all_v<T: CpuType, C: AsRef<[usize]>>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[C],
+    ) -> Result<(), Error> {
+        let m = counts.iter().map(|row| counts_u64(row.as_ref())).collect();
+        let spec = CollectiveSpec::all_to_all_v(self.world_u32(), T::DATA_TYPE, m);
+        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    }
+
+    /// Any collective on raw bytes: `spec` says what (its world must be this communicator's;
+    /// its mode is used as given). For bindings and benchmarks; the typed methods are sugar
+    /// over this. Lengths are checked against the spec (a byte length that is not a whole
+    /// number of elements is [`purlin_snac::SpecError::NotElementMultiple`]).
+    pub fn execute_bytes(&self, spec: &CollectiveSpec, send: &[u8], recv: &mut [u8]) -> Result<(), Error> {
+        self.run(spec.clone(), Bufs::Separate(send, recv))
+    }
+
+    /// [`CpuComm::execute_bytes`] in place (AllReduce: the whole buffer; AllGather(V): the
+    /// output, this rank's contribution in its partition; ReduceScatter(V): the input, the
+    /// result in this rank's partition).
+    pub fn execute_bytes_in_place(&self, spec: &CollectiveSpec, buf: &mut [u8]) -> Result<(), Error> {
+        self.run(spec.clone(), Bufs::InPlace(buf))
+    }
+
+    fn whole_partitions(&self, len: usize, what: &str) -> Result<u64, Error> {
+        let w = self.world_size();
+        if len % w != 0 {
+            return Err(Error::InvalidArgument(format!("{what}: {len} elements do not split into {w} partitions")));
+        }
+        Ok((len / w) as u64)
+    }
+
+    /// Validates, plans, verifies, runs. Nothing is written before every check has passed.
+    fn run(&self, spec: CollectiveSpec, bufs: Bufs<'_>) -> Result<(), Error> {
+        let rank = self.rank as u32;
+        let sh = &*self.shared;
+        if spec.world as usize != self.world_size() {
+            return Err(Error::InvalidArgument(format!(
+                "a spec for world {} on a communicator of {}",
+                spec.world,
+                self.world_size()
+            )));
+        }
+        spec.validate()?;
+        if spec.collective.consume_op() == ConsumeOp::Reduce && atom_dtype(spec.dtype).is_none() {
+            return Err(Error::Unsupported(format!(
+                "{} of {:?}: the Atom reduces f32, f16, bf16, fp8 e4m3/e5m2, i32 and u32",
+                spec.collective.name(),
+                spec.dtype
+            )));
+        }
+        let es = spec.dtype.size();
+        let in_place = matches!(bufs, Bufs::InPlace(_));
+        let (in_len, out_len) = match &bufs {
+            Bufs::Separate(s, r) => (s.len() as u64, r.len() as u64),
+            Bufs::InPlace(b) => (b.len() as u64, b.len() as u64),
+        };
+        for len in [in_len, out_len] {
+            CollectiveSpec::elements(spec.dtype, len)?;
+        }
+        if in_place {
+            // The one buffer is the larger side; the smaller one lies inside it.
+            let (need_in, need_out) = (spec.input_bytes(rank), spec.output_bytes(rank));
+            let need = need_in.max(need_out);
+            if in_len != need {
+                let which = if need_in >= need_out { "input" } else { "output" };
+                return Err(purlin_snac::SpecError::BufferLength {
+                    rank,
+                    which,
+                    expected: need / es,
+                    got: in_len / es,
+                }
+                .into());
+            }
+            if matches!(spec.collective, purlin_snac::Collective::AllToAll | purlin_snac::Collective::AllToAllV) {
+                return Err(Error::Unsupported(format!("{} cannot run in place", spec.collective.name())));
+            }
+        } else {
+            spec.check_buffers(rank, in_len / es, out_len / es)?;
+        }
+        let _busy = sh.busy[self.rank].try_lock().map_err(|_| {
+            Error::InvalidArgument(format!("rank {rank}: another call on this communicator is in progress"))
+        })?;
+        self.async_error()?;
+
+        let (tuning, limits) = (&sh.config.tuning, sh.config.limits());
+        let plan = plan_for(&spec, rank, in_place, tuning, &limits)?;
+        // The configuration the plan was derived with (plan_for may fall back to throughput).
+        let cfg = PlanConfig { regime: plan.regime, ..plan_config(&spec, in_place, tuning, &limits) };
+        let verdict = verified(&spec, &cfg, &sh.config.verify)?;
+        if verdict.twin_is_spec {
+            let mut p = plan.clone();
+            p.spec = canonical_spec(&p.spec);
+            if verdict.plans.get(rank as usize) != Some(&p) {
+                return Err(internal(rank, "the plan to run differs from the verified one".into()));
+            }
+        }
+
+        let buffers = match bufs {
+            Bufs::Separate(s, r) => {
+                CallBuffers { input: s.as_ptr(), input_len: s.len(), output: r.as_mut_ptr(), output_len: r.len() }
+            }
+            Bufs::InPlace(b) => {
+                let len = b.len();
+                let base = b.as_mut_ptr();
+                let (ioff, ilen, ooff, olen) = match plan.resources.alias {
+                    Some(purlin_snac::Alias::InputInOutput(o)) => {
+                        (o as usize, plan.resources.input_bytes as usize, 0, len)
+                    }
+                    Some(purlin_snac::Alias::OutputInInput(o)) => {
+                        (0, len, o as usize, plan.resources.output_bytes as usize)
+                    }
+                    None => (0, len, 0, len),
+                };
+                if ioff + ilen > len || ooff + olen > len {
+                    return Err(internal(rank, "in-place alias outside the buffer".into()));
+                }
+                // SAFETY: both offsets plus lengths were checked to lie inside `b`; both
+                // pointers derive from the one unique borrow `b`, which outlives the call.
+                unsafe {
+                    CallBuffers { input: base.add(ioff), input_len: ilen, output: base.add(ooff), output_len: olen }
+                }
+            }
+        };
+        sh.world.execute(&plan, buffers, false)?;
+        *sh.last[self.rank].lock().unwrap_or_else(|e| e.into_inner()) = Some(CallInfo {
+            spec,
+            in_place,
+            regime: plan.regime,
+            staging_side: plan.staging_side,
+            grid: plan.grid(),
+            verified: verdict.coverage.clone(),
+        });
+        Ok(())
+    }
+}
+
+fn internal(rank: u32, what: String) -> Error {
+    Error::Plan(DeriveError::Internal(PlanError::Other { rank, what }))
+}
+
+/// A verified plan key.
+#[derive(Debug)]
+pub struct Verdict {
+    /// The verifier's coverage (`exhaustive, N states` or `sampled N schedules, seed S`).
+    pub coverage: String,
+    /// Whether the verified spec is the call's own (small calls), not its chunk-capped twin.
+    pub twin_is_spec: bool,
+    /// The verified plan set (of the twin), specs canonicalized by [`canonical_spec`].
+    pub plans: Vec<Plan>,
+}
+
+type Key = (CollectiveSpec, PlanConfig, (u64, u64, u64, Option<u32>, u8));
+type Cell = Arc<OnceLock<Result<Arc<Verdict>, String>>>;
+
+fn cache() -> &'static Mutex<HashMap<Key, Cell>> {
+    static CACHE: OnceLock<Mutex<HashMap<Key, Cell>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The canonical spec of a verification key: plans whose specs differ only in the element
+/// type's *name* (same size) or in the reduce operator have the same steps, regions, flags
+/// and advance — the verifier models bytes and combination order, not arithmetic — so one
+/// verdict covers them (a test checks that derivation agrees).
+pub fn canonical_spec(spec: &CollectiveSpec) -> CollectiveSpec {
+    let mut s = spec.clone();
+    s.dtype = match spec.dtype.size() {
+        1 => DataType::U8,
+        2 => DataType::F16,
+        4 => DataType::F32,
+        _ => DataType::F64,
+    };
+    s.op = spec.op.map(|_| purlin_snac::ReduceOp::Sum);
+    s
+}
+
+/// Verifies the plan set of `(spec, cfg)` with the verifier's `opts`, once per process per
+/// key: the chunk-capped twin of the spec ([`verify::twin_spec`], which covers chunk-uniform
+/// plans of any length), canonicalized by [`canonical_spec`], and the plan configuration.
+/// Concurrent callers of one key wait for the first one's verdict. A rejection is an
+/// [`Error::Plan`] naming the violated property; such a plan never runs.
+pub fn verified(spec: &CollectiveSpec, cfg: &PlanConfig, opts: &Options) -> Result<Arc<Verdict>, Error> {
+    let twin = verify::twin_spec(spec, cfg.chunk_bytes, cfg.slots as u64);
+    let twin_is_spec = twin == *spec;
+    let mode = opts.mode as u8;
+    let key: Key =
+        (canonical_spec(&twin), *cfg, (opts.max_states, opts.schedules, opts.seed, opts.max_coresident_blocks, mode));
+    let cell = cache().lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone();
+    let result = cell.get_or_init(|| {
+        let mut plans = derive(&twin, cfg).map_err(|e| format!("deriving the verification twin: {e}"))?;
+        let report = verify::verify_call(&plans, opts);
+        match report.result {
+            Ok(()) => {
+                for p in &mut plans {
+                    p.spec = canonical_spec(&p.spec);
+                }
+                Ok(Arc::new(Verdict { coverage: report.coverage.to_string(), twin_is_spec, plans }))
+            }
+            Err(v) => Err(format!("the verifier rejected the plans ({}): {v}", report.coverage)),
+        }
+    });
+    result.clone().map_err(|e| internal(0, e))
+}

@@ -1,0 +1,392 @@
+//! Every collective on the host executor through the public API (`CpuComm`), checked against
+//! an independent reference computed here straight from the inputs (not through purlin code):
+//! small integers, so every summation order is exact for floats.
+//!
+//! The CI matrix samples collectives × worlds 2–8 × element types × ops × modes × sizes × forced
+//! regimes/staging sides; `full_matrix` (ignored: "full matrix: run with --ignored") runs
+//! the whole product.
+
+#[path = "host_collectives_support/mod.rs"]
+mod support;
+
+use std::time::Instant;
+
+use purlin_collectives::cpu::{CpuComm, CpuConfig};
+use purlin_collectives::{Error, ReduceOp};
+use purlin_snac::{Collective, DataType, ReductionMode};
+use support::*;
+
+#[test]
+fn ci_matrix() {
+    let t0 = Instant::now();
+    let cases = ci_cases();
+    let n = run_matrix(&cases);
+    println!("host collectives CI matrix: {n} cases, {:.1?}", t0.elapsed());
+}
+
+#[test]
+#[ignore = "full matrix: run with --ignored"]
+fn full_matrix() {
+    let t0 = Instant::now();
+    let cases = full_cases();
+    let n = run_matrix(&cases);
+    println!("host collectives full matrix: {n} cases, {:.1?}", t0.elapsed());
+}
+
+/// Every element type × every op it supports, every collective, through the typed API.
+#[test]
+fn every_dtype_and_op() {
+    let t0 = Instant::now();
+    let mut cases = vec![];
+    for dtype in DTYPES {
+        for c in Collective::ALL {
+            let ops: Vec<Option<ReduceOp>> =
+                if is_reduce(c) { if reducible(dtype) { OPS.map(Some).to_vec() } else { vec![] } } else { vec![None] };
+            for op in ops {
+                for mode in [ReductionMode::Deterministic, ReductionMode::Fast] {
+                    cases.push(Case::new(c, 3, dtype, op, mode, Shape::uniform(c, 5), Setup::Latency));
+                }
+            }
+        }
+    }
+    let n = run_matrix(&cases);
+    println!("every dtype and op: {n} cases, {:.1?}", t0.elapsed());
+}
+
+/// Deterministic mode: repeated runs of the same reductions are bitwise equal, and every rank
+/// of an AllReduce holds the same bits. Values here are not small integers (rounding happens).
+#[test]
+fn deterministic_is_bitwise_reproducible() {
+    for (world, setup) in [(2, Setup::Latency), (3, Setup::ThroughputPeer), (4, Setup::ThroughputOwn)] {
+        let comms = comms(world, setup, ReductionMode::Deterministic);
+        let n = 777usize;
+        let inputs: Vec<Vec<f32>> = (0..world)
+            .map(|r| (0..n).map(|i| ((i * 31 + r * 17) as f32).sin() * 1e3 + 1e-3 * r as f32).collect())
+            .collect();
+        let run_once = || -> Vec<Vec<f32>> {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .iter()
+                    .zip(&inputs)
+                    .map(|(c, x)| {
+                        s.spawn(move || {
+                            let mut out = vec![0f32; x.len()];
+                            c.all_reduce(x, &mut out, &ReduceOp::Sum).expect("all_reduce");
+                            out
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+            })
+        };
+        let first = run_once();
+        let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for r in 1..world {
+            assert_eq!(bits(&first[0]), bits(&first[r]), "world {world}: rank {r} differs from rank 0");
+        }
+        for k in 0..3 {
+            let again = run_once();
+            for r in 0..world {
+                assert_eq!(bits(&first[r]), bits(&again[r]), "world {world} run {k}: rank {r} not bitwise equal");
+            }
+        }
+    }
+}
+
+/// Forced regimes and staging sides really run as forced (what `last_call` reports).
+#[test]
+fn forced_regimes_and_sides_run_as_forced() {
+    use purlin_snac::{Regime, StagingSide};
+    for (setup, regime, side) in [
+        (Setup::Latency, Regime::Latency, None),
+        (Setup::Latency16, Regime::Latency, None),
+        (Setup::ThroughputPeer, Regime::Throughput, Some(StagingSide::Peer)),
+        (Setup::ThroughputOwn, Regime::Throughput, Some(StagingSide::Own)),
+    ] {
+        let comms = comms(2, setup, ReductionMode::Deterministic);
+        let case = Case::new(
+            Collective::AllGather,
+            2,
+            DataType::F32,
+            None,
+            ReductionMode::Deterministic,
+            Shape::Uniform(300),
+            setup,
+        );
+        run_case_on(&comms, &case).expect("case");
+        let info = comms[0].last_call().expect("a call ran");
+        assert_eq!((info.regime, info.staging_side), (regime, side), "{setup:?}");
+        assert!(info.verified.contains("exhaustive") || info.verified.contains("sampled"), "{}", info.verified);
+    }
+    // The default tuning: latency for small payloads, throughput for large ones.
+    let comms = comms(2, Setup::Default, ReductionMode::Deterministic);
+    for (n, regime) in [(16u64, Regime::Latency), (100_000, Regime::Throughput)] {
+        let case = Case::new(
+            Collective::AllReduce,
+            2,
+            DataType::F32,
+            Some(ReduceOp::Sum),
+            ReductionMode::Deterministic,
+            Shape::Uniform(n),
+            Setup::Default,
+        );
+        run_case_on(&comms, &case).expect("case");
+        assert_eq!(comms[1].last_call().expect("a call ran").regime, regime, "{n} elements");
+    }
+}
+
+/// At least three back-to-back calls of mixed collectives, sizes, grids and regimes on one
+/// communicator (epochs, sense halves, counters and packet flags carry across calls).
+#[test]
+fn back_to_back_mixed_collectives() {
+    for (world, setup) in
+        [(2, Setup::Default), (3, Setup::ThroughputPeer), (4, Setup::ThroughputOwn), (5, Setup::Latency)]
+    {
+        let comms = comms(world, setup, ReductionMode::Deterministic);
+        let w = world as u64;
+        let seq = [
+            Case::new(
+                Collective::AllReduce,
+                world,
+                DataType::F32,
+                Some(ReduceOp::Sum),
+                ReductionMode::Deterministic,
+                Shape::Uniform(1001),
+                setup,
+            ),
+            Case::new(
+                Collective::AllGather,
+                world,
+                DataType::Bf16,
+                None,
+                ReductionMode::Deterministic,
+                Shape::Uniform(33),
+                setup,
+            ),
+            Case::new(
+                Collective::ReduceScatterV,
+                world,
+                DataType::I32,
+                Some(ReduceOp::Max),
+                ReductionMode::Deterministic,
+                Shape::PerRank((0..w).map(|r| if r == 1 { 0 } else { 7 * r + 1 }).collect()),
+                setup,
+            ),
+            Case::new(
+                Collective::AllToAll,
+                world,
+                DataType::U8,
+                None,
+                ReductionMode::Deterministic,
+                Shape::Uniform(3),
+                setup,
+            ),
+            Case::new(
+                Collective::AllReduce,
+                world,
+                DataType::F16,
+                Some(ReduceOp::Avg),
+                ReductionMode::Deterministic,
+                Shape::Uniform(1),
+                setup,
+            )
+            .in_place(),
+            Case::new(
+                Collective::AllToAllV,
+                world,
+                DataType::F32,
+                None,
+                ReductionMode::Deterministic,
+                Shape::PerPair(one_way(w, 50)),
+                setup,
+            ),
+            Case::new(
+                Collective::AllReduce,
+                world,
+                DataType::F32,
+                Some(ReduceOp::Sum),
+                ReductionMode::Deterministic,
+                Shape::Uniform(1001),
+                setup,
+            ),
+        ];
+        for (k, case) in seq.iter().enumerate() {
+            run_case_on(&comms, case).unwrap_or_else(|e| panic!("world {world} call {k} ({}): {e}", case.name()));
+        }
+    }
+}
+
+/// Bad input: a typed error and no side effect (the output is untouched, and the world is
+/// still usable afterwards — no peer was signalled).
+#[test]
+fn bad_input_is_a_typed_error_without_side_effects() {
+    let comms = comms(3, Setup::Latency, ReductionMode::Deterministic);
+    let c = &comms[0];
+    let sentinel = 7.5f32;
+    let untouched = |v: &[f32]| v.iter().all(|&x| x == sentinel);
+
+    // Length mismatch.
+    let mut out = vec![sentinel; 4];
+    let e = c.all_reduce(&[1f32; 5], &mut out, &ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::BufferLength { .. })), "{e}");
+    assert!(untouched(&out));
+    let mut out = vec![sentinel; 3 * 4 + 1];
+    let e = c.all_gather(&[1f32; 4], &mut out).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::BufferLength { .. })), "{e}");
+    assert!(untouched(&out));
+
+    // Ragged sizes: partitions that do not split, bytes that are not whole elements.
+    let mut out = vec![sentinel; 9];
+    let e = c.all_to_all(&[1f32; 10], &mut out).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(untouched(&out));
+    let mut out = vec![sentinel; 2];
+    let e = c.reduce_scatter(&[1f32; 7], &mut out, &ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::BufferLength { .. })), "{e}");
+    assert!(untouched(&out));
+    let mut bytes = vec![0xABu8; 6];
+    let spec = purlin_snac::CollectiveSpec::all_reduce(3, DataType::F32, purlin_snac::ReduceOp::Sum, 1);
+    let e = c.execute_bytes(&spec, &[0u8; 6], &mut bytes).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::NotElementMultiple { .. })), "{e}");
+    assert!(bytes.iter().all(|&b| b == 0xAB));
+    // Misaligned: a byte buffer at an odd address is fine for the host executor (unaligned
+    // loads), so only the ragged length is an error; a spec of another world is one too.
+    let spec4 = purlin_snac::CollectiveSpec::all_reduce(4, DataType::F32, purlin_snac::ReduceOp::Sum, 1);
+    let e = c.execute_bytes(&spec4, &[0u8; 4], &mut bytes[..4]).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(bytes.iter().all(|&b| b == 0xAB));
+
+    // Unsupported element type / op pair: reductions of f64 (gathers of f64 are fine).
+    let mut out = vec![9.25f64; 2];
+    let e = c.all_reduce(&[1f64; 2], &mut out, &ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    assert_eq!(out, vec![9.25; 2]);
+    let mut out = vec![3u8; 3];
+    let e = c.reduce_scatter(&[1u8; 9], &mut out, &ReduceOp::Max).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    assert_eq!(out, vec![3; 3]);
+
+    // World out of range.
+    for w in [0, 1, 17] {
+        let e = CpuComm::threads(w).unwrap_err();
+        assert!(matches!(e, Error::Spec(purlin_snac::SpecError::WorldOutOfRange { .. })), "world {w}: {e}");
+    }
+
+    // V counts of the wrong length or sum.
+    let mut out = vec![sentinel; 6];
+    let e = c.all_gather_v(&[1f32; 1], &mut out, &[1, 2, 3, 0]).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::CountsLength { .. })), "{e}");
+    assert!(untouched(&out));
+    let e = c.all_gather_v(&[1f32; 1], &mut out, &[1, 2, 4]).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::BufferLength { .. })), "{e}");
+    assert!(untouched(&out));
+    let e = c.all_gather_v(&[1f32; 2], &mut out, &[1, 2, 3]).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::BufferLength { .. })), "{e}");
+    let mut out = vec![sentinel; 1];
+    let e = c.reduce_scatter_v(&[1f32; 5], &mut out, &[1, 2, 3], &ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::BufferLength { .. })), "{e}");
+    let e = c.reduce_scatter_v(&[1f32; 3], &mut out, &[1, 2], &ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::CountsLength { .. })), "{e}");
+    assert!(untouched(&out));
+    let mut out = vec![sentinel; 3];
+    let e = c.all_to_all_v(&[1f32; 3], &mut out, &[[1, 1, 1], [1, 1, 1]]).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::CountsLength { .. })), "{e}");
+    let e = c.all_to_all_v(&[1f32; 3], &mut out, &[vec![1, 1, 1], vec![1, 1], vec![1, 1, 1]]).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::CountsLength { .. })), "{e}");
+    let e = c.all_to_all_v(&[1f32; 3], &mut out, &[[1, 1, 1], [2, 1, 1], [1, 1, 1]]).unwrap_err();
+    assert!(matches!(e, Error::Spec(purlin_snac::SpecError::BufferLength { .. })), "{e}");
+    assert!(untouched(&out));
+    // In place where the collective cannot be.
+    let spec = purlin_snac::CollectiveSpec::all_to_all(3, DataType::F32, 1);
+    let mut buf = vec![0xCDu8; 12];
+    let e = c.execute_bytes_in_place(&spec, &mut buf).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    assert!(buf.iter().all(|&b| b == 0xCD));
+
+    // Nothing was signalled: the same world still runs a correct collective on every rank.
+    let case = Case::new(
+        Collective::AllReduce,
+        3,
+        DataType::F32,
+        Some(ReduceOp::Sum),
+        ReductionMode::Deterministic,
+        Shape::Uniform(10),
+        Setup::Latency,
+    );
+    run_case_on(&comms, &case).expect("the world is still healthy");
+    assert!(comms.iter().all(|c| c.async_error().is_ok()));
+}
+
+/// Plans that differ only in the element type's name (same size) or the reduce op have the
+/// same steps: the verification key's canonicalization relies on it.
+#[test]
+fn verification_key_canonicalization_is_sound() {
+    use purlin_collectives::cpu::canonical_spec;
+    use purlin_snac::{CollectiveSpec, PlanConfig, Regime, StagingSide, derive};
+    let cfgs = [
+        PlanConfig { regime: Regime::Latency, ..PlanConfig::default() },
+        PlanConfig { chunk_bytes: 512, slots: 2, staging_side: StagingSide::Own, ..PlanConfig::default() },
+        PlanConfig { chunk_bytes: 512, slots: 2, staging_side: StagingSide::Peer, ..PlanConfig::default() },
+    ];
+    for cfg in cfgs {
+        for n in [1u64, 1000] {
+            let mut groups: Vec<Vec<CollectiveSpec>> = vec![];
+            for op in [purlin_snac::ReduceOp::Sum, purlin_snac::ReduceOp::Prod, purlin_snac::ReduceOp::Avg] {
+                groups.push(
+                    [DataType::F32, DataType::I32, DataType::U32]
+                        .map(|d| CollectiveSpec::all_reduce(3, d, op, n))
+                        .to_vec(),
+                );
+                groups.push(
+                    [DataType::F16, DataType::Bf16].map(|d| CollectiveSpec::reduce_scatter(3, d, op, n)).to_vec(),
+                );
+            }
+            groups.push(
+                [DataType::U8, DataType::I8, DataType::F8E4M3, DataType::F8E5M2]
+                    .map(|d| CollectiveSpec::all_gather(3, d, n))
+                    .to_vec(),
+            );
+            let all: Vec<_> = groups.concat();
+            for a in &all {
+                for b in &all {
+                    if canonical_spec(a) != canonical_spec(b) {
+                        continue;
+                    }
+                    let (pa, pb) = (derive(a, &cfg).expect("derive"), derive(b, &cfg).expect("derive"));
+                    for (x, y) in pa.iter().zip(&pb) {
+                        assert_eq!((&x.blocks, &x.resources, &x.advance), (&y.blocks, &y.resources, &y.advance));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The quickstart's shape, typed, on the default configuration.
+#[test]
+fn default_config_quick_check() {
+    let comms = CpuComm::threads(4).expect("comms");
+    let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let x = vec![c.rank() as f32 + 1.0; 8];
+                    let mut y = vec![0f32; 8];
+                    c.all_reduce(&x, &mut y, &ReduceOp::Sum).expect("all_reduce");
+                    let mut g = vec![0f32; 8 * 4];
+                    c.all_gather(&x, &mut g).expect("all_gather");
+                    [y, g].concat()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    for o in outs {
+        assert!(o[..8].iter().all(|&v| v == 10.0));
+        for p in 0..4 {
+            assert!(o[8 + 8 * p..16 + 8 * p].iter().all(|&v| v == p as f32 + 1.0));
+        }
+    }
+    let _ = CpuConfig::from_env().expect("env config");
+}

@@ -1,0 +1,649 @@
+//! The host-collectives test harness: cases, an independent reference (computed here from
+//! the inputs and the collectives' definitions, with its own fp8 codec and `half` for f16/bf16),
+//! and a runner that drives every rank's `CpuComm` from its own thread.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use purlin_atom::{F8E4M3, F8E5M2};
+use purlin_collectives::cpu::{CpuComm, CpuConfig, CpuType};
+use purlin_collectives::{Error, ReduceOp};
+use purlin_snac::verify::Options;
+use purlin_snac::{Collective, CollectiveSpec, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
+
+pub const DTYPES: [DataType; 12] = DataType::ALL;
+pub const REDUCIBLE: [DataType; 7] =
+    [DataType::F32, DataType::F16, DataType::Bf16, DataType::F8E4M3, DataType::F8E5M2, DataType::I32, DataType::U32];
+pub const OPS: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
+
+pub fn reducible(d: DataType) -> bool {
+    REDUCIBLE.contains(&d)
+}
+
+pub fn is_reduce(c: Collective) -> bool {
+    matches!(c, Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV)
+}
+
+/// How the communicator plans: its tuning (forced regime / staging side) and packet format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Setup {
+    /// The host defaults (regime by size).
+    Default,
+    /// Latency regime, 8-byte packets.
+    Latency,
+    /// Latency regime, 16-byte packets.
+    Latency16,
+    /// Throughput, push staging, 512-byte chunks and 2 slots (so small calls reuse slots).
+    ThroughputPeer,
+    /// Throughput, pull staging, likewise.
+    ThroughputOwn,
+}
+
+pub fn config(setup: Setup, mode: ReductionMode) -> CpuConfig {
+    let mut c = CpuConfig {
+        timeout: Duration::from_secs(30),
+        mode,
+        verify: Options { max_states: 3_000, schedules: 2, ..Options::default() },
+        ..CpuConfig::default()
+    };
+    let small = |c: &mut CpuConfig, side| {
+        c.tuning.regime = Some(Regime::Throughput);
+        c.tuning.staging_side = side;
+        c.tuning.chunk_bytes = 512;
+        c.tuning.slots = 2;
+        c.tuning.blocks_per_role = 2;
+    };
+    match setup {
+        Setup::Default => {}
+        Setup::Latency => c.tuning.regime = Some(Regime::Latency),
+        Setup::Latency16 => {
+            c.tuning.regime = Some(Regime::Latency);
+            c.packet = PacketFormat::B16;
+        }
+        Setup::ThroughputPeer => small(&mut c, StagingSide::Peer),
+        Setup::ThroughputOwn => small(&mut c, StagingSide::Own),
+    }
+    c
+}
+
+pub fn comms(world: usize, setup: Setup, mode: ReductionMode) -> Vec<CpuComm> {
+    CpuComm::threads_with_config(world, config(setup, mode)).expect("host communicators")
+}
+
+/// Element counts of a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shape {
+    Uniform(u64),
+    PerRank(Vec<u64>),
+    PerPair(Vec<Vec<u64>>),
+}
+
+impl Shape {
+    /// `n` for a non-V collective, `n` everywhere for a V one.
+    pub fn uniform(c: Collective, n: u64) -> Shape {
+        Shape::uniform_w(c, n, 3)
+    }
+    pub fn uniform_w(c: Collective, n: u64, w: u64) -> Shape {
+        match c {
+            Collective::AllGatherV | Collective::ReduceScatterV => Shape::PerRank(vec![n; w as usize]),
+            Collective::AllToAllV => Shape::PerPair(vec![vec![n; w as usize]; w as usize]),
+            _ => Shape::Uniform(n),
+        }
+    }
+}
+
+/// Only rank 0 sends (to everyone else, `n` each): one-way traffic.
+pub fn one_way(w: u64, n: u64) -> Vec<Vec<u64>> {
+    (0..w).map(|s| (0..w).map(|d| if s == 0 && d != 0 { n } else { 0 }).collect()).collect()
+}
+
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub c: Collective,
+    pub world: usize,
+    pub dtype: DataType,
+    pub op: Option<ReduceOp>,
+    pub mode: ReductionMode,
+    pub shape: Shape,
+    pub setup: Setup,
+    pub in_place: bool,
+}
+
+impl Case {
+    pub fn new(
+        c: Collective,
+        world: usize,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        mode: ReductionMode,
+        shape: Shape,
+        setup: Setup,
+    ) -> Case {
+        let shape = match shape {
+            Shape::PerRank(v) if v.len() != world => Shape::PerRank(vec![v.first().copied().unwrap_or(0); world]),
+            Shape::PerPair(m) if m.len() != world => {
+                let n = m.first().and_then(|r| r.first()).copied().unwrap_or(0);
+                Shape::PerPair(vec![vec![n; world]; world])
+            }
+            s => s,
+        };
+        Case { c, world, dtype, op, mode, shape, setup, in_place: false }
+    }
+    pub fn in_place(mut self) -> Case {
+        self.in_place = true;
+        self
+    }
+    pub fn name(&self) -> String {
+        format!(
+            "{} w{} {:?} {:?} {:?} {:?} {:?}{}",
+            self.c.name(),
+            self.world,
+            self.dtype,
+            self.op,
+            self.mode,
+            self.shape,
+            self.setup,
+            if self.in_place { " in-place" } else { "" }
+        )
+    }
+    fn uni(&self) -> u64 {
+        match &self.shape {
+            Shape::Uniform(n) => *n,
+            _ => 0,
+        }
+    }
+    fn per_rank(&self) -> Vec<u64> {
+        match &self.shape {
+            Shape::PerRank(v) => v.clone(),
+            _ => vec![],
+        }
+    }
+    fn per_pair(&self) -> Vec<Vec<u64>> {
+        match &self.shape {
+            Shape::PerPair(m) => m.clone(),
+            _ => vec![],
+        }
+    }
+    /// (input, output) element counts of rank `r`.
+    pub fn lens(&self, r: usize) -> (usize, usize) {
+        let w = self.world as u64;
+        let n = self.uni();
+        let (i, o) = match self.c {
+            Collective::AllReduce => (n, n),
+            Collective::AllGather => (n, w * n),
+            Collective::ReduceScatter => (w * n, n),
+            Collective::AllToAll => (w * n, w * n),
+            Collective::AllGatherV => (self.per_rank()[r], self.per_rank().iter().sum()),
+            Collective::ReduceScatterV => (self.per_rank().iter().sum(), self.per_rank()[r]),
+            Collective::AllToAllV => {
+                let m = self.per_pair();
+                (m[r].iter().sum(), m.iter().map(|row| row[r]).sum())
+            }
+        };
+        (i as usize, o as usize)
+    }
+}
+
+// ------------------------------------------------------------------ element codecs
+
+fn e4m3_value(b: u8) -> f64 {
+    let s = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = ((b >> 3) & 0xF, (b & 7) as f64);
+    if e == 0xF && b & 7 == 7 {
+        return f64::NAN;
+    }
+    if e == 0 { s * m / 8.0 * 2f64.powi(-6) } else { s * (1.0 + m / 8.0) * 2f64.powi(e as i32 - 7) }
+}
+
+fn e5m2_value(b: u8) -> f64 {
+    let s = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = ((b >> 2) & 0x1F, (b & 3) as f64);
+    if e == 31 {
+        return if b & 3 == 0 { s * f64::INFINITY } else { f64::NAN };
+    }
+    if e == 0 { s * m / 4.0 * 2f64.powi(-14) } else { s * (1.0 + m / 4.0) * 2f64.powi(e as i32 - 15) }
+}
+
+/// Round to nearest, ties to the even code, by search over every finite code.
+fn fp8_encode(x: f64, value: fn(u8) -> f64) -> u8 {
+    let mut best: Option<(f64, u8)> = None;
+    for c in 0..=255u8 {
+        let v = value(c);
+        if !v.is_finite() || (v == 0.0 && c != 0) {
+            continue;
+        }
+        let d = (v - x).abs();
+        best = match best {
+            Some((bd, bc)) if bd < d || (bd == d && bc & 1 == 0) => Some((bd, bc)),
+            _ => Some((d, c)),
+        };
+    }
+    best.map(|(_, c)| c).unwrap_or(0)
+}
+
+/// An exactly representable small number (float types) encoded as `dtype`.
+fn enc_float(d: DataType, x: f64) -> Vec<u8> {
+    match d {
+        DataType::F32 => (x as f32).to_le_bytes().to_vec(),
+        DataType::F64 => x.to_le_bytes().to_vec(),
+        DataType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
+        DataType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
+        DataType::F8E4M3 => vec![fp8_encode(x, e4m3_value)],
+        DataType::F8E5M2 => vec![fp8_encode(x, e5m2_value)],
+        _ => unreachable!("not a float type"),
+    }
+}
+
+fn dec_float(d: DataType, b: &[u8]) -> f64 {
+    match d {
+        DataType::F32 => f32::from_le_bytes(b.try_into().expect("4 bytes")) as f64,
+        DataType::F16 => half::f16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
+        DataType::Bf16 => half::bf16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
+        DataType::F8E4M3 => e4m3_value(b[0]),
+        DataType::F8E5M2 => e5m2_value(b[0]),
+        _ => unreachable!("not a reducible float type"),
+    }
+}
+
+fn is_int(d: DataType) -> bool {
+    matches!(d, DataType::I32 | DataType::U32)
+}
+
+/// Element `i` of rank `r`'s input.
+fn element(case: &Case, r: usize, i: usize) -> Vec<u8> {
+    let d = case.dtype;
+    let es = d.size() as usize;
+    let h = r * 7 + i * 3 + 1;
+    let Some(op) = case.op else {
+        return (0..es).map(|k| ((r * 37 + i * 11 + k * 101 + 5) % 251) as u8).collect();
+    };
+    if is_int(d) {
+        let v: i64 = match op {
+            ReduceOp::Prod => [1, 2, 3, -1, 0x1234_5678][h % 5],
+            _ => (h as i64).wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33,
+        };
+        return if d == DataType::I32 { (v as i32).to_le_bytes().to_vec() } else { (v as u32).to_le_bytes().to_vec() };
+    }
+    let x: f64 = match (op, d) {
+        (ReduceOp::Prod, _) => [1.0, 2.0, -1.0, 1.0][h % 4],
+        (ReduceOp::Sum | ReduceOp::Avg, DataType::F8E4M3) => (h % 4) as f64 - 1.0,
+        (ReduceOp::Sum | ReduceOp::Avg, DataType::F8E5M2) => (h % 3) as f64 - 1.0,
+        (ReduceOp::Sum | ReduceOp::Avg, _) => (h % 16) as f64 - 8.0,
+        (ReduceOp::Min | ReduceOp::Max, _) => ((r * 5 + i * 11) % 15) as f64 - 7.0,
+    };
+    enc_float(d, x)
+}
+
+fn input(case: &Case, r: usize) -> Vec<u8> {
+    (0..case.lens(r).0).flat_map(|i| element(case, r, i)).collect()
+}
+
+/// The reduction of one element's sources (in rank order), as `dtype` bytes.
+fn reduce_ref(d: DataType, op: ReduceOp, world: usize, srcs: &[&[u8]]) -> Vec<u8> {
+    if is_int(d) {
+        let vals: Vec<u32> = srcs.iter().map(|b| u32::from_le_bytes((*b).try_into().expect("4 bytes"))).collect();
+        let signed = d == DataType::I32;
+        let fold = |f: &dyn Fn(u32, u32) -> u32| vals[1..].iter().fold(vals[0], |a, &b| f(a, b));
+        let out: u32 = match op {
+            ReduceOp::Sum => fold(&|a, b| a.wrapping_add(b)),
+            ReduceOp::Avg => {
+                let s = fold(&|a, b| a.wrapping_add(b));
+                if signed { ((s as i32) / world as i32) as u32 } else { s / world as u32 }
+            }
+            ReduceOp::Prod => fold(&|a, b| a.wrapping_mul(b)),
+            ReduceOp::Min if signed => fold(&|a, b| (a as i32).min(b as i32) as u32),
+            ReduceOp::Max if signed => fold(&|a, b| (a as i32).max(b as i32) as u32),
+            ReduceOp::Min => fold(&|a, b| a.min(b)),
+            ReduceOp::Max => fold(&|a, b| a.max(b)),
+        };
+        return out.to_le_bytes().to_vec();
+    }
+    let vals: Vec<f64> = srcs.iter().map(|b| dec_float(d, b)).collect();
+    let v = match op {
+        ReduceOp::Sum | ReduceOp::Avg => vals.iter().sum::<f64>(),
+        ReduceOp::Prod => vals.iter().product::<f64>(),
+        ReduceOp::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
+        ReduceOp::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    };
+    if op != ReduceOp::Avg {
+        return enc_float(d, v);
+    }
+    // Avg: the sum rounded to the element type, then divided by the world in f32 and rounded.
+    let sum = dec_float(d, &enc_float(d, v)) as f32;
+    let q = sum / world as f32;
+    match d {
+        DataType::F32 => q.to_le_bytes().to_vec(),
+        DataType::F16 => half::f16::from_f32(q).to_le_bytes().to_vec(),
+        DataType::Bf16 => half::bf16::from_f32(q).to_le_bytes().to_vec(),
+        DataType::F8E4M3 => vec![fp8_encode(q as f64, e4m3_value)],
+        DataType::F8E5M2 => vec![fp8_encode(q as f64, e5m2_value)],
+        _ => unreachable!(),
+    }
+}
+
+/// Element range `[off, off + len)` of rank `p`'s input, reduced over ranks into bytes.
+fn reduce_range(case: &Case, inputs: &[Vec<u8>], off: usize, len: usize) -> Vec<u8> {
+    let es = case.dtype.size() as usize;
+    let op = case.op.expect("reduce op");
+    (0..len)
+        .flat_map(|i| {
+            let srcs: Vec<&[u8]> = inputs.iter().map(|x| &x[(off + i) * es..(off + i + 1) * es]).collect();
+            reduce_ref(case.dtype, op, case.world, &srcs)
+        })
+        .collect()
+}
+
+/// What every rank's output must be, from the collectives' definitions.
+pub fn expected(case: &Case, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let w = case.world;
+    let es = case.dtype.size() as usize;
+    let slice = |p: usize, off: usize, len: usize| inputs[p][off * es..(off + len) * es].to_vec();
+    (0..w)
+        .map(|r| match case.c {
+            Collective::AllReduce => reduce_range(case, inputs, 0, case.uni() as usize),
+            Collective::ReduceScatter => {
+                let n = case.uni() as usize;
+                let out = reduce_range(case, inputs, r * n, n);
+                if case.in_place {
+                    let mut b = inputs[r].clone();
+                    b[r * n * es..(r + 1) * n * es].copy_from_slice(&out);
+                    b
+                } else {
+                    out
+                }
+            }
+            Collective::ReduceScatterV => {
+                let c = case.per_rank();
+                let off: u64 = c[..r].iter().sum();
+                let out = reduce_range(case, inputs, off as usize, c[r] as usize);
+                if case.in_place {
+                    let mut b = inputs[r].clone();
+                    b[off as usize * es..(off + c[r]) as usize * es].copy_from_slice(&out);
+                    b
+                } else {
+                    out
+                }
+            }
+            Collective::AllGather | Collective::AllGatherV => inputs.concat(),
+            Collective::AllToAll => {
+                let n = case.uni() as usize;
+                (0..w).flat_map(|p| slice(p, r * n, n)).collect()
+            }
+            Collective::AllToAllV => {
+                let m = case.per_pair();
+                (0..w)
+                    .flat_map(|p| {
+                        let off: u64 = m[p][..r].iter().sum();
+                        slice(p, off as usize, m[p][r] as usize)
+                    })
+                    .collect()
+            }
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------ running
+
+fn from_bytes<T: CpuType>(b: &[u8]) -> Vec<T> {
+    let n = b.len() / std::mem::size_of::<T>();
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    // SAFETY: `v` has capacity for n elements = b.len() bytes; every CpuType is valid for
+    // any byte pattern (integers, IEEE floats, fp8 codes), so the n elements are initialized.
+    unsafe {
+        std::ptr::copy_nonoverlapping(b.as_ptr(), v.as_mut_ptr().cast::<u8>(), n * std::mem::size_of::<T>());
+        v.set_len(n);
+    }
+    v
+}
+
+fn to_bytes<T: CpuType>(v: &[T]) -> Vec<u8> {
+    // SAFETY: CpuTypes are plain data without padding: `size_of_val(v)` initialized bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)).to_vec() }
+}
+
+const SENTINEL: u8 = 0xA5;
+
+fn usz(v: &[u64]) -> Vec<usize> {
+    v.iter().map(|&x| x as usize).collect()
+}
+
+/// Rank `r`'s call through the typed API (V in-place calls through the byte API).
+fn call_typed<T: CpuType>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+    let x: Vec<T> = from_bytes(input);
+    let op = case.op.unwrap_or(ReduceOp::Sum);
+    let r = comm.rank();
+    let es = case.dtype.size() as usize;
+    if case.in_place {
+        let mut buf: Vec<T> = match case.c {
+            Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV => x.clone(),
+            _ => {
+                // AllGather(V): this rank's contribution already in its partition.
+                let mut b = out.clone();
+                let off = match &case.shape {
+                    Shape::PerRank(c) => c[..r].iter().sum::<u64>() as usize,
+                    _ => r * x.len(),
+                };
+                b[off * es..off * es + input.len()].copy_from_slice(input);
+                from_bytes(&b)
+            }
+        };
+        match case.c {
+            Collective::AllReduce => comm.all_reduce_in_place(&mut buf, &op)?,
+            Collective::AllGather => comm.all_gather_in_place(&mut buf)?,
+            Collective::ReduceScatter => comm.reduce_scatter_in_place(&mut buf, &op)?,
+            _ => {
+                let spec = spec_of(case);
+                let mut b = to_bytes(&buf);
+                comm.execute_bytes_in_place(&spec, &mut b)?;
+                buf = from_bytes(&b);
+            }
+        }
+        *out = to_bytes(&buf);
+        return Ok(());
+    }
+    let mut y: Vec<T> = from_bytes(out);
+    match case.c {
+        Collective::AllReduce => comm.all_reduce(&x, &mut y, &op)?,
+        Collective::AllGather => comm.all_gather(&x, &mut y)?,
+        Collective::ReduceScatter => comm.reduce_scatter(&x, &mut y, &op)?,
+        Collective::AllToAll => comm.all_to_all(&x, &mut y)?,
+        Collective::AllGatherV => comm.all_gather_v(&x, &mut y, &usz(&case.per_rank()))?,
+        Collective::ReduceScatterV => comm.reduce_scatter_v(&x, &mut y, &usz(&case.per_rank()), &op)?,
+        Collective::AllToAllV => {
+            let m: Vec<Vec<usize>> = case.per_pair().iter().map(|r| usz(r)).collect();
+            comm.all_to_all_v(&x, &mut y, &m)?
+        }
+    }
+    *out = to_bytes(&y);
+    Ok(())
+}
+
+fn snac_op(op: ReduceOp) -> purlin_snac::ReduceOp {
+    match op {
+        ReduceOp::Sum => purlin_snac::ReduceOp::Sum,
+        ReduceOp::Prod => purlin_snac::ReduceOp::Prod,
+        ReduceOp::Min => purlin_snac::ReduceOp::Min,
+        ReduceOp::Max => purlin_snac::ReduceOp::Max,
+        ReduceOp::Avg => purlin_snac::ReduceOp::Avg,
+    }
+}
+
+pub fn spec_of(case: &Case) -> CollectiveSpec {
+    let (w, d) = (case.world as u32, case.dtype);
+    let op = snac_op(case.op.unwrap_or(ReduceOp::Sum));
+    let s = match case.c {
+        Collective::AllReduce => CollectiveSpec::all_reduce(w, d, op, case.uni()),
+        Collective::AllGather => CollectiveSpec::all_gather(w, d, case.uni()),
+        Collective::ReduceScatter => CollectiveSpec::reduce_scatter(w, d, op, case.uni()),
+        Collective::AllToAll => CollectiveSpec::all_to_all(w, d, case.uni()),
+        Collective::AllGatherV => CollectiveSpec::all_gather_v(w, d, case.per_rank()),
+        Collective::ReduceScatterV => CollectiveSpec::reduce_scatter_v(w, d, op, case.per_rank()),
+        Collective::AllToAllV => CollectiveSpec::all_to_all_v(w, d, case.per_pair()),
+    };
+    s.with_mode(case.mode)
+}
+
+fn dispatch(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+    match case.dtype {
+        DataType::F32 => call_typed::<f32>(comm, case, input, out),
+        DataType::F64 => call_typed::<f64>(comm, case, input, out),
+        DataType::F16 => call_typed::<half::f16>(comm, case, input, out),
+        DataType::Bf16 => call_typed::<half::bf16>(comm, case, input, out),
+        DataType::I8 => call_typed::<i8>(comm, case, input, out),
+        DataType::U8 => call_typed::<u8>(comm, case, input, out),
+        DataType::I32 => call_typed::<i32>(comm, case, input, out),
+        DataType::U32 => call_typed::<u32>(comm, case, input, out),
+        DataType::I64 => call_typed::<i64>(comm, case, input, out),
+        DataType::U64 => call_typed::<u64>(comm, case, input, out),
+        DataType::F8E4M3 => call_typed::<F8E4M3>(comm, case, input, out),
+        DataType::F8E5M2 => call_typed::<F8E5M2>(comm, case, input, out),
+    }
+}
+
+/// Runs `case` on every rank of `comms` concurrently and checks every output byte.
+pub fn run_case_on(comms: &[CpuComm], case: &Case) -> Result<(), String> {
+    assert_eq!(comms.len(), case.world);
+    let inputs: Vec<Vec<u8>> = (0..case.world).map(|r| input(case, r)).collect();
+    let want = expected(case, &inputs);
+    let es = case.dtype.size() as usize;
+    let results: Vec<Result<Vec<u8>, Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .zip(&inputs)
+            .map(|(comm, x)| {
+                s.spawn(move || {
+                    let mut out = vec![SENTINEL; case.lens(comm.rank()).1 * es];
+                    dispatch(comm, case, x, &mut out).map(|()| out)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    });
+    for (r, (got, want)) in results.into_iter().zip(want).enumerate() {
+        let got = got.map_err(|e| format!("rank {r}: {e}"))?;
+        if got != want {
+            let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+            let e = first / es.max(1);
+            let show = |v: &[u8]| v.get(e * es..(e + 1) * es).map(|b| format!("{b:02x?}")).unwrap_or("-".into());
+            return Err(format!(
+                "rank {r}: {} bytes, expected {}; first difference at element {e}: got {} expected {}",
+                got.len(),
+                want.len(),
+                show(&got),
+                show(&want)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs every case, grouped by communicator (world, setup, mode) — so each group's cases are
+/// back-to-back calls on one communicator. Panics listing every failure. Returns the count.
+pub fn run_matrix(cases: &[Case]) -> usize {
+    let mut groups: BTreeMap<(usize, Setup, bool), Vec<&Case>> = BTreeMap::new();
+    for c in cases {
+        groups.entry((c.world, c.setup, c.mode == ReductionMode::Fast)).or_default().push(c);
+    }
+    let mut failures = vec![];
+    for ((world, setup, fast), group) in groups {
+        let mode = if fast { ReductionMode::Fast } else { ReductionMode::Deterministic };
+        let comms = comms(world, setup, mode);
+        for case in group {
+            if let Err(e) = run_case_on(&comms, case) {
+                failures.push(format!("{}: {e}", case.name()));
+                if comms[0].async_error().is_err() {
+                    failures.push(format!("world {world} {setup:?} poisoned; skipping its remaining cases"));
+                    break;
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    cases.len()
+}
+
+// ------------------------------------------------------------------ matrices
+
+/// V shapes for world `w` around size `n`: zeros, heavy skew, one-way, all empty.
+pub fn v_shapes(c: Collective, w: u64, n: u64) -> Vec<Shape> {
+    match c {
+        Collective::AllGatherV | Collective::ReduceScatterV => vec![
+            Shape::PerRank((0..w).map(|r| if r == 1 { 0 } else { n + r }).collect()),
+            Shape::PerRank((0..w).map(|r| if r == 0 { 40 * n + 3 } else { 1 }).collect()),
+            Shape::PerRank((0..w).map(|r| if r == w - 1 { n } else { 0 }).collect()),
+            Shape::PerRank(vec![0; w as usize]),
+        ],
+        _ => vec![
+            Shape::PerPair(
+                (0..w).map(|s| (0..w).map(|d| if s == d || d == 1 { 0 } else { n + s + 2 * d }).collect()).collect(),
+            ),
+            Shape::PerPair(
+                (0..w).map(|s| (0..w).map(|d| if (s, d) == (w - 1, 0) { 40 * n + 3 } else { 1 }).collect()).collect(),
+            ),
+            Shape::PerPair(one_way(w, n)),
+            Shape::PerPair(vec![vec![0; w as usize]; w as usize]),
+        ],
+    }
+}
+
+fn shapes(c: Collective, w: u64, sizes: &[u64]) -> Vec<Shape> {
+    if c.is_v() {
+        let mut v = vec![];
+        for &n in sizes.iter().filter(|&&n| n > 0) {
+            v.extend(v_shapes(c, w, n));
+        }
+        v.dedup();
+        v
+    } else {
+        sizes.iter().map(|&n| Shape::Uniform(n)).collect()
+    }
+}
+
+/// Rotates element types, ops, modes and in-place over the cases of one (world, setups, sizes)
+/// product, so each appears throughout the matrix.
+fn product(worlds: &[usize], setups: &[Setup], sizes: &[u64], cases: &mut Vec<Case>) {
+    for &w in worlds {
+        for c in Collective::ALL {
+            for &setup in setups {
+                for shape in shapes(c, w as u64, sizes) {
+                    let k = cases.len();
+                    let (dtype, op) = if is_reduce(c) {
+                        (REDUCIBLE[k % REDUCIBLE.len()], Some(OPS[(k / REDUCIBLE.len()) % OPS.len()]))
+                    } else {
+                        (DTYPES[k % DTYPES.len()], None)
+                    };
+                    let mode = if (k / 3) % 2 == 0 { ReductionMode::Deterministic } else { ReductionMode::Fast };
+                    let mut case = Case::new(c, w, dtype, op, mode, shape, setup);
+                    let can = !matches!(c, Collective::AllToAll | Collective::AllToAllV);
+                    if can && k % 4 == 1 {
+                        case = case.in_place();
+                    }
+                    cases.push(case);
+                }
+            }
+        }
+    }
+}
+
+/// The CI matrix: worlds 2–4 in every setup and size; worlds 5–8 sampled (latency, and one
+/// throughput setup on small sizes) to stay inside the CI budget.
+pub fn ci_cases() -> Vec<Case> {
+    let mut cases = vec![];
+    let all = [Setup::Latency, Setup::ThroughputPeer, Setup::ThroughputOwn];
+    product(&[2, 3], &all, &[0, 1, 3, 301], &mut cases);
+    product(&[4], &all, &[0, 1, 37], &mut cases);
+    product(&[2, 4], &[Setup::Latency16, Setup::Default], &[5], &mut cases);
+    product(&[5, 8], &[Setup::Latency], &[1], &mut cases);
+    product(&[6], &[Setup::ThroughputPeer], &[1], &mut cases);
+    product(&[7], &[Setup::ThroughputOwn], &[1], &mut cases);
+    cases
+}
+
+/// The whole product (run with --ignored).
+pub fn full_cases() -> Vec<Case> {
+    let mut cases = vec![];
+    let all = [Setup::Default, Setup::Latency, Setup::Latency16, Setup::ThroughputPeer, Setup::ThroughputOwn];
+    product(&[2, 3, 4, 5, 6, 7, 8], &all, &[0, 1, 3, 17, 301, 4099], &mut cases);
+    cases
+}
