@@ -1,0 +1,161 @@
+//! Conformance of the host executor (DESIGN.md §3.4): it runs the plan it is given. A derived
+//! plan passes the output check; the same plan with one region shifted by one byte runs to
+//! completion and FAILS it. Also: bounded waits and poisoning.
+
+use std::time::Duration;
+
+use purlin_collectives::Error;
+use purlin_collectives::cpu::{CpuComm, CpuConfig};
+use purlin_collectives::host_exec::{CallBuffers, HostMemoryConfig, HostWorld};
+use purlin_snac::{CollectiveSpec, DataType, Plan, PlanConfig, Regime, Space, StagingSide, Step, derive};
+
+fn memory(cfg: &PlanConfig) -> HostMemoryConfig {
+    HostMemoryConfig {
+        staging_bytes: cfg.staging_bytes as usize,
+        window_bytes: cfg.window_bytes as usize,
+        ..HostMemoryConfig::default()
+    }
+}
+
+/// Runs one call of `plans` (one per rank) on a fresh host world; every rank's output.
+fn run(plans: &[Plan], cfg: &PlanConfig, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, Error> {
+    let world = HostWorld::new(plans.len(), memory(cfg), Duration::from_secs(10));
+    let mut outputs: Vec<Vec<u8>> = plans.iter().map(|p| vec![0xA5u8; p.spec.output_bytes(p.rank) as usize]).collect();
+    let results: Vec<Result<usize, Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = plans
+            .iter()
+            .zip(outputs.iter_mut())
+            .zip(inputs)
+            .map(|((p, o), i)| {
+                let world = &world;
+                s.spawn(move || {
+                    let b = CallBuffers {
+                        input: i.as_ptr(),
+                        input_len: i.len(),
+                        output: o.as_mut_ptr(),
+                        output_len: o.len(),
+                    };
+                    world.execute(p, b, true).map(|trace| trace.len())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    });
+    for r in results {
+        assert!(r? > 0, "a traced call records its steps");
+    }
+    Ok(outputs)
+}
+
+/// AllGather: rank `r` contributes bytes `r * 64 + i` (mod 251); the independent reference.
+fn inputs(world: usize, n: usize) -> Vec<Vec<u8>> {
+    (0..world).map(|r| (0..n).map(|i| ((r * 64 + i) % 251) as u8).collect()).collect()
+}
+
+fn check(outputs: &[Vec<u8>], inputs: &[Vec<u8>]) -> Result<(), String> {
+    let want = inputs.concat();
+    for (r, o) in outputs.iter().enumerate() {
+        if *o != want {
+            let at = o.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(format!("rank {r} differs at byte {at}"));
+        }
+    }
+    Ok(())
+}
+
+/// Shifts, by one byte, the offset of the first region of `rank`'s plan that `pick` selects.
+fn shift_first(plan: &mut Plan, pick: impl Fn(&Step) -> bool) -> bool {
+    fn visit(steps: &mut [Step], pick: &dyn Fn(&Step) -> bool) -> bool {
+        for s in steps {
+            if let Step::ChunkLoop { body, .. } = s {
+                if visit(body, pick) {
+                    return true;
+                }
+                continue;
+            }
+            if !pick(s) {
+                continue;
+            }
+            match s {
+                Step::Stage { dst, .. } | Step::Gather { dst, .. } => dst.offset.base += 1,
+                Step::PutPackets { src, .. } => src.offset.base += 1,
+                _ => continue,
+            }
+            return true;
+        }
+        false
+    }
+    plan.blocks.iter_mut().any(|b| visit(&mut b.steps, &pick))
+}
+
+#[test]
+fn a_region_shifted_by_one_fails_the_output_check() {
+    let world = 3;
+    let n = 3000; // bytes per rank: several 1 KiB chunks
+    let spec = CollectiveSpec::all_gather(world as u32, DataType::U8, n as u64);
+    let base = PlanConfig {
+        chunk_bytes: 1024,
+        slots: 2,
+        staging_bytes: 1 << 16,
+        window_bytes: 1 << 16,
+        blocks_per_role: 2,
+        ..PlanConfig::default()
+    };
+    let x = inputs(world, n);
+    let mut ran = 0;
+    type Pick = fn(&Step) -> bool;
+    let cases: [(&str, PlanConfig, Pick); 4] = [
+        (
+            "throughput/push: a stage's staging destination + 1",
+            PlanConfig { regime: Regime::Throughput, staging_side: StagingSide::Peer, ..base },
+            |s| matches!(s, Step::Stage { .. }),
+        ),
+        (
+            "throughput/pull: a stage's staging destination + 1",
+            PlanConfig { regime: Regime::Throughput, staging_side: StagingSide::Own, ..base },
+            |s| matches!(s, Step::Stage { .. }),
+        ),
+        (
+            "throughput/push: a gather's output destination + 1",
+            PlanConfig { regime: Regime::Throughput, staging_side: StagingSide::Peer, ..base },
+            |s| matches!(s, Step::Gather { dst, src, .. } if dst.space == Space::Output && matches!(src.space, Space::Staging(_))),
+        ),
+        ("latency: a put's input source + 1", PlanConfig { regime: Regime::Latency, ..base }, |s| {
+            matches!(s, Step::PutPackets { .. })
+        }),
+    ];
+    for (what, cfg, pick) in cases {
+        let plans = derive(&spec, &cfg).expect("derive");
+        let outputs = run(&plans, &cfg, &x).expect("the derived plan runs");
+        check(&outputs, &x).unwrap_or_else(|e| panic!("{what}: the derived plan must pass: {e}"));
+
+        let mut broken = plans.clone();
+        assert!(shift_first(&mut broken[0], pick), "{what}: no such region in rank 0's plan");
+        assert_ne!(broken, plans);
+        let outputs = run(&broken, &cfg, &x).unwrap_or_else(|e| panic!("{what}: the shifted plan must still run: {e}"));
+        let verdict = check(&outputs, &x);
+        assert!(
+            verdict.is_err(),
+            "{what}: the output check passed on a shifted plan — the executor ran something else"
+        );
+        println!("{what}: output check fails as it must ({})", verdict.unwrap_err());
+        ran += 1;
+    }
+    assert_eq!(ran, 4);
+}
+
+/// A rank whose peers never call times out (bounded wait), and the world is poisoned: every
+/// later call fails at once with `Error::Poisoned`.
+#[test]
+fn a_missing_peer_times_out_and_poisons() {
+    let config = CpuConfig { timeout: Duration::from_millis(500), ..CpuConfig::default() };
+    let comms = CpuComm::threads_with_config(2, config).expect("comms");
+    let mut out = vec![0f32; 4];
+    let t0 = std::time::Instant::now();
+    let e = comms[0].all_reduce(&[1f32; 4], &mut out, &purlin_collectives::ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::Timeout { rank: 0, .. }), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(30), "the wait is bounded");
+    assert!(comms[1].async_error().is_err());
+    let e = comms[1].all_gather(&[1f32; 2], &mut [0f32; 4]).unwrap_err();
+    assert!(matches!(e, Error::Poisoned(_)), "{e}");
+}
