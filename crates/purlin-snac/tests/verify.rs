@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::*;
 use proptest::prelude::*;
@@ -343,6 +343,3 @@ fn full_set() {
     }
     println!("full set: {states} exhaustive states, {:.2?}", t0.elapsed());
 }
-
-#[allow(dead_code)]
-fn _unused(_: Duration) {}

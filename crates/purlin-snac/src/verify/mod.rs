@@ -20,7 +20,23 @@
 //! whatever order the exploration happened to pick — so data steps (and satisfied waits,
 //! which are stable) are taken eagerly and only the order of the remaining synchronization
 //! steps is explored. That is the partial-order reduction; states are also cached by
-//! fingerprint.
+//! fingerprint (128 bits).
+//!
+//! A synchronization step is also taken eagerly when it commutes with everything every
+//! process that can run concurrently with it may still do (its accesses — counter, flag
+//! stores, window bytes, handshake cells — against the remaining static footprint of the
+//! others). Blocks of one rank in different calls never run concurrently (stream order), nor
+//! blocks two calls apart (the all-pairs property, checked on every path, rules it out).
+//! Arrivals of one round on one counter commute when they would issue the same
+//! notifications: the model lets every arrival release into the counter and the last one
+//! publish the union, without the arrivers acquiring from the counter (weaker than the
+//! executor's acq_rel, so it can only report more races, never fewer).
+//!
+//! Limits, stated: packet reads synchronize with the put they read (the data travels in the
+//! packet; plans must not rely on packets to publish *other* data, which the executor's
+//! relaxed packet stores would not); symmetry reduction over the blocks of a role is not
+//! implemented (their slices differ, so they are not symmetric without renaming data); when
+//! the exhaustive budget is exceeded, [`Mode::Auto`] falls back to sampling and says so.
 //!
 //! # Properties
 //!
