@@ -170,6 +170,11 @@ impl HostWorld {
         self.ranks[rank].epochs[block].load(Ordering::Acquire)
     }
 
+    /// Arrival counter `index` of `rank` (0 between calls: every round's last arrival resets it).
+    pub fn counter(&self, rank: usize, index: usize) -> u64 {
+        self.ranks[rank].counters[index].load(Ordering::Acquire)
+    }
+
     fn notify_all(&self) {
         let mut generation = self.wake.0.lock().unwrap_or_else(|e| e.into_inner());
         *generation = generation.wrapping_add(1);

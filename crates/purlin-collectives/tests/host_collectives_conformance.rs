@@ -159,3 +159,59 @@ fn a_missing_peer_times_out_and_poisons() {
     let e = comms[1].all_gather(&[1f32; 2], &mut [0f32; 4]).unwrap_err();
     assert!(matches!(e, Error::Poisoned(_)), "{e}");
 }
+
+/// Back-to-back calls on one host world with different grids (blocks per role 2, then 3,
+/// then 1): arrival counters are reset by each round's last arriver (the plan contract), so
+/// a later call with another arrival count still notifies.
+#[test]
+fn back_to_back_calls_with_different_grids() {
+    let world = 2;
+    let n = 5000;
+    let x = inputs(world, n);
+    let spec = CollectiveSpec::all_gather(world as u32, DataType::U8, n as u64);
+    let mem = HostMemoryConfig { staging_bytes: 1 << 16, window_bytes: 1 << 16, ..HostMemoryConfig::default() };
+    let host = HostWorld::new(world, mem, Duration::from_secs(10));
+    for (k, blocks) in [2u32, 3, 1, 2].into_iter().enumerate() {
+        let cfg = PlanConfig {
+            regime: Regime::Throughput,
+            staging_side: StagingSide::Peer,
+            chunk_bytes: 48 * 32,
+            blocks_per_role: blocks,
+            slots: 2,
+            staging_bytes: 1 << 16,
+            window_bytes: 1 << 16,
+            ..PlanConfig::default()
+        };
+        let plans = derive(&spec, &cfg).expect("derive");
+        let mut outputs: Vec<Vec<u8>> = vec![vec![0u8; n * world]; world];
+        let results: Vec<Result<Vec<_>, Error>> = std::thread::scope(|s| {
+            let hs: Vec<_> = plans
+                .iter()
+                .zip(outputs.iter_mut())
+                .zip(&x)
+                .map(|((p, o), i)| {
+                    let host = &host;
+                    s.spawn(move || {
+                        let b = CallBuffers {
+                            input: i.as_ptr(),
+                            input_len: i.len(),
+                            output: o.as_mut_ptr(),
+                            output_len: o.len(),
+                        };
+                        host.execute(p, b, false)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        });
+        for r in results {
+            r.unwrap_or_else(|e| panic!("call {k} ({blocks} blocks per role): {e}"));
+        }
+        check(&outputs, &x).unwrap_or_else(|e| panic!("call {k}: {e}"));
+        for r in 0..world {
+            for i in 0..mem.counter_words {
+                assert_eq!(host.counter(r, i), 0, "call {k}: rank {r} counter {i} not reset");
+            }
+        }
+    }
+}
