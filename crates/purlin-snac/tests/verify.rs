@@ -189,6 +189,12 @@ fn mutation_testing_kills_every_non_equivalent_mutant() {
             small(Regime::Throughput, StagingSide::Peer, 1),
         ),
         (CollectiveSpec::all_gather(2, DataType::U8, 80), small(Regime::Throughput, StagingSide::Peer, 2)),
+        // Cyclic staging (3 chunks in 2 slots): drains and drain waits have sites.
+        (CollectiveSpec::all_to_all(2, DataType::U8, 80), small(Regime::Throughput, StagingSide::Own, 1)),
+        (
+            CollectiveSpec::reduce_scatter(3, DataType::U8, ReduceOp::Sum, 80),
+            small(Regime::Throughput, StagingSide::Peer, 1),
+        ),
         (
             CollectiveSpec::all_to_all_v(3, DataType::U8, vec![vec![0, 40, 0], vec![0, 0, 90], vec![17, 0, 0]]),
             small(Regime::Throughput, StagingSide::Own, 1),
