@@ -259,7 +259,7 @@ pub fn verify(calls: &[Vec<Plan>], opts: &Options) -> Report {
     let calls = calls.to_vec();
     let opts = *opts;
     // Deep interleavings recurse deeply: explore on a thread with a large stack.
-    let h = std::thread::Builder::new().stack_size(1 << 30).spawn(move || {
+    let h = std::thread::Builder::new().stack_size(256 << 20).spawn(move || {
         let m = Model::new(&calls);
         let exhaustive = || {
             let mut x = Explorer { m: &m, seen: HashSet::new(), states: 0, max: opts.max_states, trace: vec![] };
