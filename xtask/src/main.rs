@@ -1,7 +1,9 @@
 //! `cargo xtask <command>`: Purlin's workflows.
 //!
 //! - `nvrtc`      install the pinned NVRTC wheel under target/ (if no libnvrtc is found there)
-//! - `test`       set NVRTC up, then `cargo test --workspace` (the README's test command)
+//! - `test`       set NVRTC up, then `cargo test --workspace` (the README's test command);
+//!   `test --full` also runs the host executor's full matrix (ignored by default: minutes)
+//! - `verify`     the SNAC verifier's tests; `verify --full` adds the larger exhaustive set
 //! - `gpu-round`  build everything a GPU round needs into ./gpu-round (see ARCHITECTURE.md)
 //! - `bench`      the collectives benchmark (`purlin-bench`), Purlin beside NCCL
 
@@ -17,6 +19,7 @@ fn main() -> Result<()> {
     match cmd {
         "nvrtc" => ensure_nvrtc().map(|dir| println!("NVRTC: {}", dir.display())),
         "test" => test(rest),
+        "verify" => verify(rest),
         "gpu-round" => gpu_round(rest),
         "bench" => bench(rest),
         _ => {
@@ -70,7 +73,32 @@ fn ensure_nvrtc() -> Result<PathBuf> {
 
 fn test(args: &[String]) -> Result<()> {
     let nvrtc = ensure_nvrtc()?;
-    run(cargo().args(["test", "--workspace"]).args(args).env(purlin_atom::nvrtc::NVRTC_DIR_ENV, nvrtc))
+    let full = args.first().is_some_and(|a| a == "--full");
+    let args = if full { &args[1..] } else { args };
+    run(cargo().args(["test", "--workspace"]).args(args).env(purlin_atom::nvrtc::NVRTC_DIR_ENV, &nvrtc))?;
+    if full {
+        // The host executor's whole matrix (worlds 2..8 × every dtype, op, size and regime).
+        run(cargo()
+            .args(["test", "--release", "-p", "purlin-collectives", "--test", "host_collectives", "--", "--ignored"])
+            .env(purlin_atom::nvrtc::NVRTC_DIR_ENV, &nvrtc))?;
+    }
+    Ok(())
+}
+
+/// The verifier's tests (in release: the model checker is ~15x faster); `--full` adds the
+/// exhaustive sets beyond CI's budget.
+fn verify(args: &[String]) -> Result<()> {
+    let full = match args {
+        [] => false,
+        [f] if f == "--full" => true,
+        _ => bail!("usage: cargo xtask verify [--full]"),
+    };
+    let mut cmd = cargo();
+    cmd.args(["test", "--release", "-p", "purlin-snac", "--test", "verify"]);
+    if full {
+        cmd.args(["--", "--include-ignored"]);
+    }
+    run(&mut cmd)
 }
 
 /// Runs the collectives benchmark with NVRTC set up: `cargo xtask bench --help` lists its flags.
