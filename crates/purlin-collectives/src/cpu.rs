@@ -100,7 +100,7 @@ impl CpuConfig {
     /// `PURLIN_TIMEOUT_S` (seconds).
     pub fn from_env() -> Result<Self, Error> {
         let mut c = Self::default();
-        let (env, gpu) = (Tuning::from_env()?, Tuning::default());
+        let env = Tuning::from_env()?;
         let set = |var: &str| std::env::var_os(var).is_some();
         if set("PURLIN_REGIME") {
             c.tuning.regime = env.regime;
@@ -117,7 +117,7 @@ impl CpuConfig {
         if set("PURLIN_SLOTS") {
             c.tuning.slots = env.slots;
         }
-        if set("PURLIN_LATENCY_MAX_BYTES") || env.latency_max_bytes != gpu.latency_max_bytes {
+        if set("PURLIN_LATENCY_MAX_BYTES") {
             c.tuning.latency_max_bytes = env.latency_max_bytes;
         }
         if let Ok(t) = std::env::var("PURLIN_TIMEOUT_S") {

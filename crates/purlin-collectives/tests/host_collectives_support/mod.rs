@@ -44,7 +44,7 @@ pub fn config(setup: Setup, mode: ReductionMode) -> CpuConfig {
     let mut c = CpuConfig {
         timeout: Duration::from_secs(30),
         mode,
-        verify: Options { max_states: 3_000, schedules: 2, ..Options::default() },
+        verify: Options { max_states: 1_500, schedules: 1, ..Options::default() },
         ..CpuConfig::default()
     };
     let small = |c: &mut CpuConfig, side| {
@@ -549,8 +549,14 @@ pub fn run_matrix(cases: &[Case]) -> usize {
     for ((world, setup, fast), group) in groups {
         let mode = if fast { ReductionMode::Fast } else { ReductionMode::Deterministic };
         let comms = comms(world, setup, mode);
-        for case in group {
-            if let Err(e) = run_case_on(&comms, case) {
+        let t0 = std::time::Instant::now();
+        for case in group.iter() {
+            let t = std::time::Instant::now();
+            let r = run_case_on(&comms, case);
+            if t.elapsed() > Duration::from_secs(2) {
+                println!("  slow case ({:.1?}): {}", t.elapsed(), case.name());
+            }
+            if let Err(e) = r {
                 failures.push(format!("{}: {e}", case.name()));
                 if comms[0].async_error().is_err() {
                     failures.push(format!("world {world} {setup:?} poisoned; skipping its remaining cases"));
@@ -558,6 +564,7 @@ pub fn run_matrix(cases: &[Case]) -> usize {
                 }
             }
         }
+        println!("world {world} {setup:?} {mode:?}: {} cases in {:.1?}", group.len(), t0.elapsed());
     }
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
     cases.len()
@@ -587,11 +594,14 @@ pub fn v_shapes(c: Collective, w: u64, n: u64) -> Vec<Shape> {
     }
 }
 
-fn shapes(c: Collective, w: u64, sizes: &[u64]) -> Vec<Shape> {
+/// Shapes of collective `c` for world `w`: one per size (non-V); for V collectives the
+/// shapes of [`v_shapes`] picked by `v_pick` (indices), for each nonzero size in `v_sizes`.
+fn shapes(c: Collective, w: u64, sizes: &[u64], v_sizes: &[u64], v_pick: &[usize]) -> Vec<Shape> {
     if c.is_v() {
         let mut v = vec![];
-        for &n in sizes.iter().filter(|&&n| n > 0) {
-            v.extend(v_shapes(c, w, n));
+        for &n in v_sizes.iter().filter(|&&n| n > 0) {
+            let all = v_shapes(c, w, n);
+            v.extend(v_pick.iter().filter_map(|&i| all.get(i).cloned()));
         }
         v.dedup();
         v
@@ -600,13 +610,22 @@ fn shapes(c: Collective, w: u64, sizes: &[u64]) -> Vec<Shape> {
     }
 }
 
-/// Rotates element types, ops, modes and in-place over the cases of one (world, setups, sizes)
-/// product, so each appears throughout the matrix.
-fn product(worlds: &[usize], setups: &[Setup], sizes: &[u64], cases: &mut Vec<Case>) {
-    for &w in worlds {
+/// One slice of the matrix: worlds × setups × shapes.
+struct Slice<'a> {
+    worlds: &'a [usize],
+    setups: &'a [Setup],
+    sizes: &'a [u64],
+    v_sizes: &'a [u64],
+    v_pick: &'a [usize],
+}
+
+/// Rotates element types, ops, modes and in-place over the cases of a slice, so each appears
+/// throughout the matrix.
+fn product(sl: Slice<'_>, cases: &mut Vec<Case>) {
+    for &w in sl.worlds {
         for c in Collective::ALL {
-            for &setup in setups {
-                for shape in shapes(c, w as u64, sizes) {
+            for &setup in sl.setups {
+                for shape in shapes(c, w as u64, sl.sizes, sl.v_sizes, sl.v_pick) {
                     let k = cases.len();
                     let (dtype, op) = if is_reduce(c) {
                         (REDUCIBLE[k % REDUCIBLE.len()], Some(OPS[(k / REDUCIBLE.len()) % OPS.len()]))
@@ -626,17 +645,25 @@ fn product(worlds: &[usize], setups: &[Setup], sizes: &[u64], cases: &mut Vec<Ca
     }
 }
 
-/// The CI matrix: worlds 2–4 in every setup and size; worlds 5–8 sampled (latency, and one
-/// throughput setup on small sizes) to stay inside the CI budget.
+const ALL_V: [usize; 4] = [0, 1, 2, 3];
+
+/// The CI matrix (about two minutes in debug on two shared cores): world 2 in every setup,
+/// size and V shape; worlds 3–4 in the latency and both throughput setups; worlds 5–8 one
+/// setup each, every collective once — sampled to stay inside the CI budget.
 pub fn ci_cases() -> Vec<Case> {
     let mut cases = vec![];
-    let all = [Setup::Latency, Setup::ThroughputPeer, Setup::ThroughputOwn];
-    product(&[2, 3], &all, &[0, 1, 3, 301], &mut cases);
-    product(&[4], &all, &[0, 1, 37], &mut cases);
-    product(&[2, 4], &[Setup::Latency16, Setup::Default], &[5], &mut cases);
-    product(&[5, 8], &[Setup::Latency], &[1], &mut cases);
-    product(&[6], &[Setup::ThroughputPeer], &[1], &mut cases);
-    product(&[7], &[Setup::ThroughputOwn], &[1], &mut cases);
+    let all = [Setup::Default, Setup::Latency, Setup::Latency16, Setup::ThroughputPeer, Setup::ThroughputOwn];
+    let three = [Setup::Latency, Setup::ThroughputPeer, Setup::ThroughputOwn];
+    let s = |worlds, setups, sizes, v_sizes, v_pick| Slice { worlds, setups, sizes, v_sizes, v_pick };
+    product(s(&[2], &all, &[0, 1, 3, 301], &[1, 301], &ALL_V), &mut cases);
+    product(s(&[3], &three, &[0, 1, 301], &[301], &ALL_V), &mut cases);
+    product(s(&[4], &three, &[37], &[37], &[1, 2]), &mut cases);
+    product(s(&[4], &[Setup::Latency16, Setup::Default], &[5], &[], &[]), &mut cases);
+    product(s(&[5], &[Setup::Latency], &[1], &[3], &[0]), &mut cases);
+    product(s(&[6], &[Setup::ThroughputPeer], &[1], &[3], &[1]), &mut cases);
+    product(s(&[7], &[Setup::ThroughputOwn], &[1], &[3], &[2]), &mut cases);
+    product(s(&[8], &[Setup::Latency], &[3], &[3], &[3]), &mut cases);
+    product(s(&[8], &[Setup::ThroughputPeer], &[1], &[1], &[2]), &mut cases);
     cases
 }
 
@@ -644,6 +671,8 @@ pub fn ci_cases() -> Vec<Case> {
 pub fn full_cases() -> Vec<Case> {
     let mut cases = vec![];
     let all = [Setup::Default, Setup::Latency, Setup::Latency16, Setup::ThroughputPeer, Setup::ThroughputOwn];
-    product(&[2, 3, 4, 5, 6, 7, 8], &all, &[0, 1, 3, 17, 301, 4099], &mut cases);
+    let sizes = [0, 1, 3, 17, 301, 4099];
+    let sl = Slice { worlds: &[2, 3, 4, 5, 6, 7, 8], setups: &all, sizes: &sizes, v_sizes: &sizes, v_pick: &ALL_V };
+    product(sl, &mut cases);
     cases
 }
