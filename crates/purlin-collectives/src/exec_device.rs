@@ -16,6 +16,7 @@ use purlin_atom::{Arch, AtomSpec, DType, Generation, KernelCache};
 use purlin_snac::{PacketFormat, Plan, ReduceOp};
 
 use crate::error::{Error, driver};
+use crate::host_exec::atom_dtype;
 use crate::kernels::{EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, ExecKey, ExecOp, executor_keys, packet_bytes_for};
 
 /// Ranks the executor's `Runtime` has room for.
@@ -89,11 +90,6 @@ pub struct DeviceExecutor {
     functions: HashMap<ExecKey, CudaFunction>,
     _modules: Vec<Arc<CudaModule>>,
     coresident_local: u32,
-}
-
-/// The Atom element type of a SNAC data type, if the Atom has it.
-pub fn atom_dtype(t: purlin_snac::DataType) -> Option<DType> {
-    crate::host_exec::atom_dtype(t)
 }
 
 fn exec_op(op: Option<ReduceOp>) -> ExecOp {
