@@ -8,10 +8,10 @@
 //! Without a GPU it runs on the host executor (the same verified SNAC plans the GPUs run, on
 //! CPU threads) and says so.
 
-use purlin_collectives::{CpuComm, ReduceOp};
+use purlin_collectives::{CpuComm, CpuConfig, ReduceOp};
 
 const WORLD: usize = 4;
-const N: usize = 1 << 16;
+const N: usize = 4096;
 
 fn main() -> anyhow::Result<()> {
     if purlin_topo::device_count() > 0 {
@@ -20,7 +20,7 @@ fn main() -> anyhow::Result<()> {
         println!("no GPU here: running on the host executor ({WORLD} ranks on CPU threads)");
     }
 
-    let comms = CpuComm::threads(WORLD)?;
+    let comms = CpuComm::threads_with_config(WORLD, CpuConfig::from_env()?)?;
     let results = std::thread::scope(|s| {
         let ranks: Vec<_> = comms
             .iter()

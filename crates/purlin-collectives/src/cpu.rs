@@ -84,7 +84,10 @@ pub struct CpuConfig {
     pub mode: ReductionMode,
     /// Packet format of the latency regime.
     pub packet: PacketFormat,
-    /// The verifier's budget for each plan key (exhaustive up to `max_states`, else sampled).
+    /// The verifier's budget for each plan key: exhaustive up to `max_states`, else
+    /// `schedules` randomized schedules. The default (2 000 states, 32 schedules) keeps a new
+    /// plan key's first call well under a second in release: exploring states is what costs,
+    /// a sampled schedule is cheap.
     pub verify: Options,
 }
 
@@ -97,7 +100,8 @@ impl CpuConfig {
 
     /// The defaults with the `PURLIN_*` tuning overrides of [`Tuning::from_env`] applied (a
     /// variable that is set wins over the host default; unset ones keep it) and
-    /// `PURLIN_TIMEOUT_S` (seconds).
+    /// `PURLIN_TIMEOUT_S` (seconds), `PURLIN_VERIFY_STATES` and `PURLIN_VERIFY_SCHEDULES` (the
+    /// verifier's budget per plan key).
     pub fn from_env() -> Result<Self, Error> {
         let mut c = Self::default();
         let env = Tuning::from_env()?;
@@ -119,6 +123,13 @@ impl CpuConfig {
         }
         if set("PURLIN_LATENCY_MAX_BYTES") {
             c.tuning.latency_max_bytes = env.latency_max_bytes;
+        }
+        for (var, field) in
+            [("PURLIN_VERIFY_STATES", &mut c.verify.max_states), ("PURLIN_VERIFY_SCHEDULES", &mut c.verify.schedules)]
+        {
+            if let Ok(t) = std::env::var(var) {
+                *field = t.trim().parse().map_err(|e| Error::Env { var, problem: format!("{t:?}: {e}") })?;
+            }
         }
         if let Ok(t) = std::env::var("PURLIN_TIMEOUT_S") {
             let secs: f64 =
@@ -150,7 +161,7 @@ impl Default for CpuConfig {
             tuning: Self::host_tuning(),
             mode: ReductionMode::Deterministic,
             packet: PacketFormat::B8,
-            verify: Options { max_states: 20_000, schedules: 8, ..Options::default() },
+            verify: Options { max_states: 2_000, schedules: 32, ..Options::default() },
         }
     }
 }
@@ -239,6 +250,9 @@ impl CpuComm {
         }
         if config.timeout.is_zero() {
             return Err(Error::InvalidArgument("the timeout must be positive".into()));
+        }
+        if config.verify.schedules == 0 {
+            return Err(Error::InvalidArgument("verify.schedules must be positive (plans run only verified)".into()));
         }
         if config.memory.epoch_words == 0 {
             return Err(Error::InvalidArgument("memory.epoch_words (the block bound) must be positive".into()));

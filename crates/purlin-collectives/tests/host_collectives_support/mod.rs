@@ -44,7 +44,7 @@ pub fn config(setup: Setup, mode: ReductionMode) -> CpuConfig {
     let mut c = CpuConfig {
         timeout: Duration::from_secs(30),
         mode,
-        verify: Options { max_states: 1_500, schedules: 1, ..Options::default() },
+        verify: Options { max_states: 500, schedules: 8, ..Options::default() },
         ..CpuConfig::default()
     };
     let small = |c: &mut CpuConfig, side| {
@@ -667,12 +667,17 @@ pub fn ci_cases() -> Vec<Case> {
     cases
 }
 
-/// The whole product (run with --ignored).
+/// The whole product (run with --ignored; `PURLIN_FULL_WORLDS=2,3` for some worlds only).
 pub fn full_cases() -> Vec<Case> {
     let mut cases = vec![];
     let all = [Setup::Default, Setup::Latency, Setup::Latency16, Setup::ThroughputPeer, Setup::ThroughputOwn];
     let sizes = [0, 1, 3, 17, 301, 4099];
-    let sl = Slice { worlds: &[2, 3, 4, 5, 6, 7, 8], setups: &all, sizes: &sizes, v_sizes: &sizes, v_pick: &ALL_V };
+    // PURLIN_FULL_WORLDS=2,3 runs a part (default: 2..=8).
+    let worlds: Vec<usize> = std::env::var("PURLIN_FULL_WORLDS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|w| w.trim().parse().ok()).collect())
+        .unwrap_or_else(|| (2..=8).collect());
+    let sl = Slice { worlds: &worlds, setups: &all, sizes: &sizes, v_sizes: &sizes, v_pick: &ALL_V };
     product(sl, &mut cases);
     cases
 }
