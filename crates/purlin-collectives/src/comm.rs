@@ -1171,15 +1171,21 @@ fn snac_dtype<T: NcclType>() -> purlin_snac::DataType {
     }
 }
 
-/// SNAC's name of a reduce operator.
-fn snac_op(op: &ReduceOp) -> purlin_snac::ReduceOp {
-    match op {
-        ReduceOp::Sum => purlin_snac::ReduceOp::Sum,
-        ReduceOp::Prod => purlin_snac::ReduceOp::Prod,
-        ReduceOp::Max => purlin_snac::ReduceOp::Max,
-        ReduceOp::Min => purlin_snac::ReduceOp::Min,
-        ReduceOp::Avg => purlin_snac::ReduceOp::Avg,
+impl From<&ReduceOp> for purlin_snac::ReduceOp {
+    /// SNAC's name of a reduce operator.
+    fn from(op: &ReduceOp) -> Self {
+        match op {
+            ReduceOp::Sum => purlin_snac::ReduceOp::Sum,
+            ReduceOp::Prod => purlin_snac::ReduceOp::Prod,
+            ReduceOp::Max => purlin_snac::ReduceOp::Max,
+            ReduceOp::Min => purlin_snac::ReduceOp::Min,
+            ReduceOp::Avg => purlin_snac::ReduceOp::Avg,
+        }
     }
+}
+
+fn snac_op(op: &ReduceOp) -> purlin_snac::ReduceOp {
+    op.into()
 }
 
 /// A group of calls (cudarc's `nccl::Group`), made by [`Comm::group`].

@@ -223,13 +223,7 @@ fn bytes_of_mut<T: CpuType>(s: &mut [T]) -> &mut [u8] {
 }
 
 fn snac_op(op: &ReduceOp) -> purlin_snac::ReduceOp {
-    match op {
-        ReduceOp::Sum => purlin_snac::ReduceOp::Sum,
-        ReduceOp::Prod => purlin_snac::ReduceOp::Prod,
-        ReduceOp::Max => purlin_snac::ReduceOp::Max,
-        ReduceOp::Min => purlin_snac::ReduceOp::Min,
-        ReduceOp::Avg => purlin_snac::ReduceOp::Avg,
-    }
+    op.into()
 }
 
 fn counts_u64(counts: &[usize]) -> Vec<u64> {
