@@ -6,33 +6,14 @@
 //! 16-byte handshake cells. Block `b` of `B` moves the slice `[b*S, b*S + S)` of every
 //! transfer, `S = up16(ceil(A / B))`. Every packet of a call carries the flag `E + 1`.
 
-use super::{DeriveError, PlanConfig, add_handshake, alias, empty_non_v, two_shot, up16};
-use crate::plan::{Advance, BlockProgram, EpochVal, Guard, Len, Offset, Plan, Region, Resources, Role, Step};
+use super::{DeriveError, PlanConfig, add_handshake, empty_non_v, empty_plan, two_shot, up16};
+use crate::plan::{Advance, BlockProgram, EpochVal, Guard, Len, Offset, Plan, Region, Role, Step};
 use crate::spec::{Collective, CollectiveSpec};
 use crate::types::{ConsumeOp, Regime};
 
 pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
     let world = spec.world;
-    let mut plan = Plan {
-        spec: spec.clone(),
-        rank,
-        regime: Regime::Latency,
-        staging_side: None,
-        packet: cfg.packet,
-        resources: Resources {
-            input_bytes: spec.input_bytes(rank),
-            output_bytes: spec.output_bytes(rank),
-            alias: alias(spec, cfg, rank),
-            staging_bytes: cfg.staging_bytes,
-            window_bytes: cfg.window_bytes,
-            flag_words: 0,
-            counter_words: 0,
-            epoch_words: cfg.max_coresident_blocks,
-        },
-        advance: Advance::Fixed(0),
-        max_coresident_blocks: cfg.max_coresident_blocks,
-        blocks: vec![],
-    };
+    let mut plan = empty_plan(spec, cfg, rank, Regime::Latency, None);
     if empty_non_v(spec) {
         return Ok(plan);
     }

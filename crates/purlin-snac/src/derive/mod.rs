@@ -182,6 +182,37 @@ pub(crate) fn alias(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Optio
     }
 }
 
+/// A plan with no blocks and no advance: what every derivation starts from (and returns
+/// as is for an empty non-V call).
+pub(crate) fn empty_plan(
+    spec: &CollectiveSpec,
+    cfg: &PlanConfig,
+    rank: u32,
+    regime: Regime,
+    staging_side: Option<StagingSide>,
+) -> Plan {
+    Plan {
+        spec: spec.clone(),
+        rank,
+        regime,
+        staging_side,
+        packet: cfg.packet,
+        resources: crate::plan::Resources {
+            input_bytes: spec.input_bytes(rank),
+            output_bytes: spec.output_bytes(rank),
+            alias: alias(spec, cfg, rank),
+            staging_bytes: cfg.staging_bytes,
+            window_bytes: cfg.window_bytes,
+            flag_words: 0,
+            counter_words: 0,
+            epoch_words: cfg.max_coresident_blocks,
+        },
+        advance: crate::plan::Advance::Fixed(0),
+        max_coresident_blocks: cfg.max_coresident_blocks,
+        blocks: vec![],
+    }
+}
+
 /// Whether the call moves no data at all (all ranks know: non-V sizes are uniform), so the
 /// plan is empty and advances nothing.
 pub(crate) fn empty_non_v(spec: &CollectiveSpec) -> bool {

@@ -22,9 +22,9 @@
 //! Counters (local): `prod[phase][stream][slot]` for the writers' arrivals, `cons[phase][peer][slot]`
 //! for the readers' arrivals before a drain. Each chunk's `B` blocks arrive; the last notifies.
 
-use super::{DeriveError, PlanConfig, add_handshake, alias, compact, empty_non_v, two_shot};
+use super::{DeriveError, PlanConfig, add_handshake, compact, empty_non_v, empty_plan, two_shot};
 use crate::plan::{
-    Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Resources, Role, Step,
+    Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Role, Step,
 };
 use crate::spec::{Collective, CollectiveSpec};
 use crate::types::{ConsumeOp, Regime, StagingSide};
@@ -152,26 +152,7 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     let areas = if pull { areas0 + if composed { 1 } else { 0 } } else { phases as u64 * w1 };
     let (c, half) = (cfg.chunk_bytes, cfg.staging_bytes / 2);
     let slots = (cfg.slots as u64).min(half / (areas * c));
-    let mut plan = Plan {
-        spec: spec.clone(),
-        rank,
-        regime: Regime::Throughput,
-        staging_side: Some(cfg.staging_side),
-        packet: cfg.packet,
-        resources: Resources {
-            input_bytes: spec.input_bytes(rank),
-            output_bytes: spec.output_bytes(rank),
-            alias: alias(spec, cfg, rank),
-            staging_bytes: cfg.staging_bytes,
-            window_bytes: cfg.window_bytes,
-            flag_words: 0,
-            counter_words: 0,
-            epoch_words: cfg.max_coresident_blocks,
-        },
-        advance: Advance::Fixed(0),
-        max_coresident_blocks: cfg.max_coresident_blocks,
-        blocks: vec![],
-    };
+    let mut plan = empty_plan(spec, cfg, rank, Regime::Throughput, Some(cfg.staging_side));
     if empty_non_v(spec) {
         return Ok(plan);
     }
