@@ -273,26 +273,26 @@ impl Drop for GroupOwner {
 /// A communicator: one rank of a group of GPUs that run collectives together.
 #[derive(Debug)]
 pub struct Comm {
-    stream: Arc<CudaStream>,
-    rank: usize,
-    world: usize,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
     host: HostComm,
     device: Device,
     devices: Vec<Device>,
     generation: GenerationHint,
-    layout: WorkspaceLayout,
+    pub(crate) layout: WorkspaceLayout,
     addrs: Vec<u64>,
     module: Arc<CudaModule>,
     pingpong: CudaFunction,
     coresidency: CoResidency,
     kernels: Vec<LoadedKernel>,
-    exec: DeviceExecutor,
+    pub(crate) exec: DeviceExecutor,
     /// The co-residency bound of the executor kernels, agreed across ranks.
-    exec_bound: u32,
+    pub(crate) exec_bound: u32,
     tuning: Tuning,
     device_timeout: Duration,
     plans: Mutex<HashMap<PlanKey, Arc<PreparedPlan>>>,
-    poison: Mutex<Option<String>>,
+    pub(crate) poison: Mutex<Option<String>>,
     next_flag_slot: Mutex<Vec<usize>>,
     owner: Owner,
 }
@@ -965,7 +965,7 @@ impl Comm {
     }
 
     /// Checks a buffer lives on this communicator's GPU.
-    fn check_device<B: cudarc::driver::DeviceSlice<T>, T>(&self, b: &B) -> Result<(), Error> {
+    pub(crate) fn check_device<B: cudarc::driver::DeviceSlice<T>, T>(&self, b: &B) -> Result<(), Error> {
         let ordinal = b.stream().context().ordinal();
         if ordinal != self.ordinal() {
             return Err(Error::InvalidArgument(format!(
@@ -995,7 +995,7 @@ impl Comm {
 
     /// The plan of a call, derived once per (spec, in place) and kept with its parameter
     /// block.
-    fn prepared(&self, spec: CollectiveSpec, in_place: bool) -> Result<Arc<PreparedPlan>, Error> {
+    pub(crate) fn prepared(&self, spec: CollectiveSpec, in_place: bool) -> Result<Arc<PreparedPlan>, Error> {
         let key = (spec, in_place);
         if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
@@ -1017,7 +1017,7 @@ impl Comm {
     }
 
     /// The pointers of one call.
-    fn runtime(&self, input: u64, output: u64) -> ExecRuntime {
+    pub(crate) fn runtime(&self, input: u64, output: u64) -> ExecRuntime {
         let mut rt = ExecRuntime {
             input,
             output,
@@ -1146,8 +1146,8 @@ impl Drop for Comm {
 
 /// A plan ready to launch: the plan and its parameter block.
 #[derive(Debug)]
-struct PreparedPlan {
-    plan: Plan,
+pub(crate) struct PreparedPlan {
+    pub(crate) plan: Plan,
     params: Box<ExecParams>,
 }
 

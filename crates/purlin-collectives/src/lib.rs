@@ -8,6 +8,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod comm;
+#[doc(hidden)]
+pub mod conformance;
 pub mod cpu;
 pub mod device;
 pub mod error;

@@ -1,0 +1,345 @@
+//! Conformance of the device executor (DESIGN.md §3.4, issue #8 item 3): the GPU runs the
+//! plan it is handed, and nothing else.
+//!
+//! For each case, on 2 GPUs (one process) and on the host executor (CPU threads) alike:
+//! 1. the plans the communicator derives run with the trace on: both executors' outputs
+//!    match the independent reference, and the device trace — per rank, per block, the
+//!    sequence of (step, loop-body step, chunk, epoch) — equals the host executor's;
+//! 2. the same plans with one region shifted by one byte (as in
+//!    `host_collectives_conformance.rs`) run on both: the output check FAILS on the GPU and
+//!    on the host, and the traces still agree (same steps, chunks and epochs; the epochs
+//!    continue from call 1 on both).
+//!
+//! The device trace comes from `Comm::launch_plan_for_conformance` (src/conformance.rs),
+//! which maps the kernel's step-record word offsets back to the host's step identity.
+//! Buffers have 4 KiB of slack on both sides (a shifted region may touch one byte past the
+//! plan's sizes), filled alike on the GPU and the host.
+//!
+//! Run on the GPU machine: `device_conformance-test --ignored --test-threads=1 --nocapture`.
+
+mod gpu_support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cudarc::driver::CudaSlice;
+use gpu_support::{Call, Coll, Dt, Rng, WORLD, call, fresh_seed, streams};
+use purlin_collectives::host_exec::{CallBuffers, HostMemoryConfig, HostWorld, TraceEntry};
+use purlin_collectives::tuning::Tuning;
+use purlin_collectives::{Comm, CommConfig, ReduceOp};
+use purlin_snac::{Plan, Regime, Space, StagingSide, Step};
+
+/// Bytes of slack after every buffer.
+const SLACK: usize = 4096;
+/// The poison byte of outputs and slack.
+const POISON: u8 = 0xa5;
+
+/// Shifts, by one byte, the offset of the first region of `plan` that `pick` selects (the
+/// host conformance test's mutation).
+fn shift_first(plan: &mut Plan, pick: fn(&Step) -> bool) -> bool {
+    fn visit(steps: &mut [Step], pick: fn(&Step) -> bool) -> bool {
+        for s in steps {
+            if let Step::ChunkLoop { body, .. } = s {
+                if visit(body, pick) {
+                    return true;
+                }
+                continue;
+            }
+            if !pick(s) {
+                continue;
+            }
+            match s {
+                Step::Stage { dst, .. } | Step::Gather { dst, .. } => dst.offset.base += 1,
+                Step::PutPackets { src, .. } => src.offset.base += 1,
+                _ => continue,
+            }
+            return true;
+        }
+        false
+    }
+    plan.blocks.iter_mut().any(|b| visit(&mut b.steps, pick))
+}
+
+struct Case {
+    what: &'static str,
+    tuning: Tuning,
+    call: Call,
+    /// The region to shift in rank 0's plan (None: derived plans only).
+    shift: Option<fn(&Step) -> bool>,
+    /// Whether the shifted plan's outputs are deterministic (no two writers of one byte), so
+    /// the GPU's and the host's must be byte-identical.
+    deterministic: bool,
+}
+
+fn cases() -> Vec<Case> {
+    let staged = |side| Tuning {
+        regime: Some(Regime::Throughput),
+        staging_side: side,
+        chunk_bytes: 64 << 10,
+        blocks_per_role: 2,
+        slots: 2,
+        ..Tuning::default()
+    };
+    let latency = Tuning { regime: Some(Regime::Latency), blocks_per_role: 2, ..Tuning::default() };
+    vec![
+        Case {
+            what: "throughput/push AllGather u8: a gather's output destination + 1",
+            tuning: staged(StagingSide::Peer),
+            call: call(Coll::AllGather, Dt::U8, ReduceOp::Sum, 1_000_003),
+            shift: Some(
+                |s| matches!(s, Step::Gather { dst, src, .. } if dst.space == Space::Output && matches!(src.space, Space::Staging(_))),
+            ),
+            deterministic: false,
+        },
+        Case {
+            what: "throughput/pull AllGather u8: a stage's staging destination + 1",
+            tuning: staged(StagingSide::Own),
+            call: call(Coll::AllGather, Dt::U8, ReduceOp::Sum, 1_000_003),
+            shift: Some(|s| matches!(s, Step::Stage { dst, .. } if matches!(dst.space, Space::Staging(_)))),
+            deterministic: false,
+        },
+        Case {
+            what: "latency AllGather u8: a put's input source + 1",
+            tuning: latency,
+            call: call(Coll::AllGather, Dt::U8, ReduceOp::Sum, 3000),
+            shift: Some(|s| matches!(s, Step::PutPackets { .. })),
+            deterministic: true,
+        },
+        Case {
+            what: "throughput/push AllReduce i32 Sum (derived plans: trace and output)",
+            tuning: staged(StagingSide::Peer),
+            call: call(Coll::AllReduce, Dt::I32, ReduceOp::Sum, 300_001),
+            shift: None,
+            deterministic: true,
+        },
+        Case {
+            what: "latency ReduceScatter f32 Max (derived plans: trace and output)",
+            tuning: latency,
+            call: call(Coll::ReduceScatter, Dt::F32, ReduceOp::Max, 5000),
+            shift: None,
+            deterministic: true,
+        },
+    ]
+}
+
+/// Every rank's input bytes followed by slack (zeros), and output bytes + slack (poison).
+struct Io {
+    inputs: Vec<Vec<u8>>,
+    out_bytes: Vec<usize>,
+}
+
+impl Io {
+    fn new(call: &Call, values: &[Vec<i64>]) -> Io {
+        let inputs = values
+            .iter()
+            .map(|v| {
+                let mut b = call.encode(v);
+                b.resize(b.len() + SLACK, 0);
+                b
+            })
+            .collect();
+        let out_bytes = (0..WORLD).map(|r| call.lens(r).1 * call.dt.size()).collect();
+        Io { inputs, out_bytes }
+    }
+}
+
+/// Runs `plans` on the GPUs (one conformance launch per rank, then both collected): every
+/// rank's whole output buffer (output + slack) and trace.
+fn run_device(comms: &[Comm], plans: &[Plan], io: &Io) -> (Vec<Vec<u8>>, Vec<Vec<TraceEntry>>) {
+    let mut sends: Vec<CudaSlice<u8>> = Vec::new();
+    let mut recvs: Vec<CudaSlice<u8>> = Vec::new();
+    for (r, c) in comms.iter().enumerate() {
+        let s = c.stream();
+        sends.push(s.clone_htod(&io.inputs[r]).expect("upload input"));
+        recvs.push(s.clone_htod(&vec![POISON; io.out_bytes[r] + SLACK]).expect("poison output"));
+    }
+    let mut launches = Vec::new();
+    for ((c, p), (s, d)) in comms.iter().zip(plans).zip(sends.iter().zip(recvs.iter_mut())) {
+        launches
+            .push(c.launch_plan_for_conformance(p, s, d).unwrap_or_else(|e| panic!("rank {}: launch: {e}", c.rank())));
+    }
+    let traces: Vec<Vec<TraceEntry>> = launches
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| l.trace().unwrap_or_else(|e| panic!("rank {r}: the device run failed: {e}")))
+        .collect();
+    let outputs = comms.iter().zip(&recvs).map(|(c, d)| c.stream().clone_dtoh(d).expect("download")).collect();
+    (outputs, traces)
+}
+
+/// Runs `plans` on `host` (one thread per rank, one per block): whole output buffers and
+/// traces.
+fn run_host(host: &HostWorld, plans: &[Plan], io: &Io) -> (Vec<Vec<u8>>, Vec<Vec<TraceEntry>>) {
+    let mut outputs: Vec<Vec<u8>> = io.out_bytes.iter().map(|&n| vec![POISON; n + SLACK]).collect();
+    let traces: Vec<Vec<TraceEntry>> = std::thread::scope(|s| {
+        let hs: Vec<_> = plans
+            .iter()
+            .zip(outputs.iter_mut())
+            .zip(&io.inputs)
+            .map(|((p, o), i)| {
+                s.spawn(move || {
+                    let b = CallBuffers {
+                        input: i.as_ptr(),
+                        input_len: i.len(),
+                        output: o.as_mut_ptr(),
+                        output_len: o.len(),
+                    };
+                    host.execute(p, b, true)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .enumerate()
+            .map(|(r, h)| h.join().expect("rank thread").unwrap_or_else(|e| panic!("host rank {r}: {e}")))
+            .collect()
+    });
+    (outputs, traces)
+}
+
+/// One traced step: (top-level step, loop-body step, chunk, epoch).
+type Traced = (u32, Option<u32>, u64, u64);
+
+/// A trace per block, in execution order.
+fn by_block(trace: &[TraceEntry]) -> BTreeMap<u32, Vec<Traced>> {
+    let mut m: BTreeMap<u32, Vec<_>> = BTreeMap::new();
+    for e in trace {
+        m.entry(e.block).or_default().push((e.step, e.body, e.chunk, e.epoch));
+    }
+    m
+}
+
+/// The device's and the host's traces of one rank, compared per block.
+fn compare_traces(label: &str, r: usize, plan: &Plan, dev: &[TraceEntry], host: &[TraceEntry]) -> Result<(), String> {
+    let (d, h) = (by_block(dev), by_block(host));
+    let expect: Vec<u64> = purlin_collectives::conformance::trace_entries_per_block(plan);
+    if h.len() != plan.grid()
+        || expect.iter().enumerate().any(|(b, &n)| h.get(&(b as u32)).map_or(0, Vec::len) as u64 != n)
+    {
+        return Err(format!("{label} rank {r}: the host trace does not cover every step of every block"));
+    }
+    for b in 0..plan.grid() as u32 {
+        let (ds, hs) = (d.get(&b).map(Vec::as_slice).unwrap_or(&[]), &h[&b]);
+        if ds != hs.as_slice() {
+            let at = ds.iter().zip(hs).position(|(x, y)| x != y).unwrap_or(ds.len().min(hs.len()));
+            return Err(format!(
+                "{label} rank {r} block {b}: device trace ({} entries) differs from the host's ({}) at entry {at}: device {:?} host {:?}",
+                ds.len(),
+                hs.len(),
+                ds.get(at),
+                hs.get(at)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn host_memory(plans: &[Plan]) -> HostMemoryConfig {
+    let max = |f: &dyn Fn(&Plan) -> u64| plans.iter().map(f).max().unwrap_or(0) as usize;
+    HostMemoryConfig {
+        staging_bytes: max(&|p| p.resources.staging_bytes) + SLACK,
+        window_bytes: max(&|p| p.resources.window_bytes) + SLACK,
+        flag_words: max(&|p| u64::from(p.resources.flag_words)).max(1),
+        counter_words: max(&|p| u64::from(p.resources.counter_words)).max(1),
+        epoch_words: max(&|p| u64::from(p.resources.epoch_words).max(p.grid() as u64)).max(1),
+    }
+}
+
+#[test]
+#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu() {
+    let streams = streams();
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let mut failures: Vec<String> = Vec::new();
+    let mut fail = |ok: bool, what: String| {
+        println!("EXEC conformance: {} {what}", if ok { "ok  " } else { "FAIL" });
+        if !ok {
+            failures.push(what);
+        }
+    };
+    for case in cases() {
+        let cfg = CommConfig {
+            timeout: Duration::from_secs(60),
+            device_timeout: Duration::from_secs(10),
+            tuning: case.tuning,
+            ..CommConfig::default()
+        };
+        let comms = Comm::from_devices_with_config(streams.clone(), cfg).expect("set-up");
+        let plans: Vec<Plan> = comms.iter().map(|c| case.call.plan(c)).collect();
+        let entries: Vec<u64> =
+            plans.iter().map(|p| purlin_collectives::conformance::trace_entries_per_block(p).iter().sum()).collect();
+        println!(
+            "EXEC conformance: {}: {:?} grid {} (trace entries per rank {entries:?})",
+            case.what,
+            plans[0].regime,
+            plans[0].grid()
+        );
+        for p in &plans {
+            assert!(
+                p.resources.staging_bytes + 1 < comms[0].workspace_layout().config.staging_bytes as u64,
+                "a shifted staging write must stay inside the workspace's staging"
+            );
+        }
+        let host = HostWorld::new(WORLD, host_memory(&plans), Duration::from_secs(30));
+
+        // 1. The derived plans.
+        let values = case.call.inputs(&mut rng);
+        let io = Io::new(&case.call, &values);
+        let (dev_out, dev_trace) = run_device(&comms, &plans, &io);
+        let (host_out, host_trace) = run_host(&host, &plans, &io);
+        for r in 0..WORLD {
+            let n = io.out_bytes[r];
+            let d = case.call.check_bytes(&values, r, &dev_out[r][..n]);
+            fail(d.is_ok(), format!("{}: derived plan, GPU output rank {r} exact: {d:?}", case.what));
+            let h = case.call.check_bytes(&values, r, &host_out[r][..n]);
+            fail(h.is_ok(), format!("{}: derived plan, host output rank {r} exact: {h:?}", case.what));
+            fail(
+                dev_out[r][n..].iter().all(|&b| b == POISON),
+                format!("{}: derived plan, GPU slack untouched rank {r}", case.what),
+            );
+            let t = compare_traces(case.what, r, &plans[r], &dev_trace[r], &host_trace[r]);
+            fail(
+                t.is_ok(),
+                format!(
+                    "{}: derived plan, rank {r} device trace == host trace ({} entries): {t:?}",
+                    case.what,
+                    host_trace[r].len()
+                ),
+            );
+        }
+
+        // 2. One region shifted by one byte in rank 0's plan.
+        let Some(pick) = case.shift else { continue };
+        let mut broken = plans.clone();
+        assert!(shift_first(&mut broken[0], pick), "{}: no such region in rank 0's plan", case.what);
+        assert_ne!(broken, plans);
+        let values = case.call.inputs(&mut rng);
+        let io = Io::new(&case.call, &values);
+        let (dev_out, dev_trace) = run_device(&comms, &broken, &io);
+        let (host_out, host_trace) = run_host(&host, &broken, &io);
+        let verdict = |outs: &[Vec<u8>]| -> Result<(), String> {
+            (0..WORLD).try_for_each(|r| case.call.check_bytes(&values, r, &outs[r][..io.out_bytes[r]]))
+        };
+        let (dv, hv) = (verdict(&dev_out), verdict(&host_out));
+        fail(dv.is_err(), format!("{}: shifted plan, the GPU output check FAILS as it must: {dv:?}", case.what));
+        fail(hv.is_err(), format!("{}: shifted plan, the host output check fails as it must: {hv:?}", case.what));
+        for r in 0..WORLD {
+            let t = compare_traces(case.what, r, &broken[r], &dev_trace[r], &host_trace[r]);
+            fail(t.is_ok(), format!("{}: shifted plan, rank {r} device trace == host trace: {t:?}", case.what));
+        }
+        let same = dev_out == host_out;
+        if case.deterministic {
+            fail(same, format!("{}: shifted plan, GPU and host outputs byte-identical", case.what));
+        } else {
+            println!(
+                "EXEC conformance: info {}: shifted plan, GPU and host outputs identical: {same} (racy byte, not required)",
+                case.what
+            );
+        }
+        for c in &comms {
+            c.async_error().expect("no device error");
+        }
+    }
+    println!("EXEC conformance: seed {seed}: {} failed properties", failures.len());
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -1,0 +1,570 @@
+//! Shared by the GPU sequence, fault and conformance tests: calls described as data (any
+//! collective, dtype, size), their buffers, fresh random inputs, poisoned outputs and an
+//! independent host reference.
+//!
+//! Inputs are small nonzero integers (|x| <= 4, u8 in 1..=8), so every summation order is exact
+//! in every dtype and a Sum always changes every element; outputs are poisoned with NaN
+//! patterns (floats) or values no input can produce; comparisons are exact. World 2 only
+//! (products of two small integers stay exact in bf16).
+//!
+//! Buffers are `CudaSlice<u8>` on the rank's stream (the context keeps cudarc's default
+//! event tracking); calls take them as [`RawBuf`]s, views that carry a raw device pointer
+//! and record no cudarc event, so the same calls can be captured into CUDA graphs.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use purlin_collectives::comm::{NcclType, Status};
+use purlin_collectives::{Comm, Error, ReduceOp};
+use purlin_snac::CollectiveSpec;
+
+/// The world these tests run at.
+pub const WORLD: usize = 2;
+
+/// Fails (never skips) where the machine lacks two GPUs: these tests run on the GPU round.
+pub fn need_two_gpus() {
+    assert!(purlin_topo::driver_present(), "needs a CUDA driver");
+    let n = purlin_topo::device_count();
+    assert!(n >= WORLD, "needs {WORLD} GPUs, found {n}");
+}
+
+/// A stream on GPU `ordinal`, in a context made the ordinary way: cudarc's default event
+/// tracking stays on (and `new_stream` puts the context in multi-stream mode, so tracking
+/// is active).
+pub fn stream(ordinal: usize) -> Arc<CudaStream> {
+    let ctx = CudaContext::new(ordinal).expect("CUDA context");
+    ctx.new_stream().expect("stream")
+}
+
+/// One stream per GPU of the test's world.
+pub fn streams() -> Vec<Arc<CudaStream>> {
+    need_two_gpus();
+    (0..WORLD).map(stream).collect()
+}
+
+/// A seed that differs from run to run (printed by the tests, so a failure reproduces).
+pub fn fresh_seed() -> u64 {
+    if let Ok(s) = std::env::var("PURLIN_TEST_SEED") {
+        return s.trim().parse().expect("PURLIN_TEST_SEED");
+    }
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    (t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)) | 1
+}
+
+/// xorshift64: tiny, deterministic from its seed.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        r.next();
+        r
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// A small nonzero integer: -4..=4 without 0 (signed), 1..=8 (unsigned).
+    pub fn small(&mut self, unsigned: bool) -> i64 {
+        let v = (self.next() % 8) as i64 + 1;
+        if unsigned {
+            v
+        } else if v > 4 {
+            v - 4
+        } else {
+            -v
+        }
+    }
+}
+
+/// Element types the tests drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dt {
+    F32,
+    Bf16,
+    I32,
+    U8,
+}
+
+impl Dt {
+    pub fn size(self) -> usize {
+        match self {
+            Dt::F32 | Dt::I32 => 4,
+            Dt::Bf16 => 2,
+            Dt::U8 => 1,
+        }
+    }
+    pub fn snac(self) -> purlin_snac::DataType {
+        match self {
+            Dt::F32 => purlin_snac::DataType::F32,
+            Dt::Bf16 => purlin_snac::DataType::Bf16,
+            Dt::I32 => purlin_snac::DataType::I32,
+            Dt::U8 => purlin_snac::DataType::U8,
+        }
+    }
+    pub fn unsigned(self) -> bool {
+        self == Dt::U8
+    }
+    /// The bytes of `v` (an exactly representable small integer).
+    pub fn encode(self, v: i64, out: &mut Vec<u8>) {
+        match self {
+            Dt::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+            Dt::Bf16 => out.extend_from_slice(&half::bf16::from_f64(v as f64).to_le_bytes()),
+            Dt::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+            Dt::U8 => out.push(v as u8),
+        }
+    }
+    /// The value of element `i` of `bytes`.
+    pub fn decode(self, bytes: &[u8], i: usize) -> f64 {
+        let s = self.size();
+        let b = &bytes[i * s..(i + 1) * s];
+        match self {
+            Dt::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+            Dt::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+            Dt::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+            Dt::U8 => b[0] as f64,
+        }
+    }
+    /// One element no input or result can equal (NaN patterns for floats).
+    pub fn poison(self) -> Vec<u8> {
+        match self {
+            Dt::F32 => 0x7fa5_a5a5u32.to_le_bytes().to_vec(),
+            Dt::Bf16 => 0x7fa5u16.to_le_bytes().to_vec(),
+            Dt::I32 => 0x5a5a_5a5ai32.to_le_bytes().to_vec(),
+            Dt::U8 => vec![0xa5],
+        }
+    }
+}
+
+/// The collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coll {
+    AllReduce,
+    /// AllReduce in place (always Sum: every element changes, so a stale buffer shows).
+    AllReduceInPlace,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    AllGatherV,
+    ReduceScatterV,
+    AllToAllV,
+}
+
+impl Coll {
+    pub fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::AllReduceInPlace | Coll::ReduceScatter | Coll::ReduceScatterV)
+    }
+}
+
+/// One call: collective, element type, reduce operator (reductions), size parameter `n`
+/// (elements per rank for AllReduce/AllGather/ReduceScatter outputs, per pair for AllToAll;
+/// the V forms' counts are derived from it, skewed, with zeros).
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    pub coll: Coll,
+    pub dt: Dt,
+    pub op: ReduceOp,
+    pub n: usize,
+}
+
+/// A call (shorthand).
+pub fn call(coll: Coll, dt: Dt, op: ReduceOp, n: usize) -> Call {
+    let op = if coll == Coll::AllReduceInPlace { ReduceOp::Sum } else { op };
+    assert!(!(coll.reduces() && dt == Dt::U8), "the Atom does not reduce u8");
+    Call { coll, dt, op, n }
+}
+
+fn apply(op: ReduceOp, a: f64, b: f64) -> f64 {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => a + b,
+        ReduceOp::Prod => a * b,
+        ReduceOp::Min => a.min(b),
+        ReduceOp::Max => a.max(b),
+    }
+}
+
+impl Call {
+    /// Per-pair counts of the V forms: skewed, with zeros (nothing from rank 1 to rank 0:
+    /// one-way traffic between them).
+    pub fn v_counts(&self) -> Vec<Vec<usize>> {
+        let n = self.n;
+        (0..WORLD)
+            .map(|s| (0..WORLD).map(|d| if s == 1 && d == 0 { 0 } else { (n * (1 + s + 3 * d)) % (n + 1) }).collect())
+            .collect()
+    }
+
+    /// The AllGatherV / ReduceScatterV partition sizes.
+    pub fn per_rank(&self) -> Vec<usize> {
+        let c = self.v_counts();
+        (0..WORLD).map(|r| c[r][r]).collect()
+    }
+
+    /// (input, output) elements of rank `r`.
+    pub fn lens(&self, r: usize) -> (usize, usize) {
+        let (n, w) = (self.n, WORLD);
+        let counts = self.v_counts();
+        let per_rank = self.per_rank();
+        match self.coll {
+            Coll::AllReduce | Coll::AllReduceInPlace => (n, n),
+            Coll::AllGather => (n, n * w),
+            Coll::ReduceScatter => (n * w, n),
+            Coll::AllToAll => (n * w, n * w),
+            Coll::AllGatherV => (per_rank[r], per_rank.iter().sum()),
+            Coll::ReduceScatterV => (per_rank.iter().sum(), per_rank[r]),
+            Coll::AllToAllV => (counts[r].iter().sum(), (0..w).map(|s| counts[s][r]).sum()),
+        }
+    }
+
+    /// The spec the communicator builds for this call (for its plan).
+    pub fn spec(&self) -> CollectiveSpec {
+        let w = WORLD as u32;
+        let t = self.dt.snac();
+        let op = purlin_snac::ReduceOp::from(&self.op);
+        let u = |v: &[usize]| v.iter().map(|&c| c as u64).collect::<Vec<u64>>();
+        match self.coll {
+            Coll::AllReduce | Coll::AllReduceInPlace => CollectiveSpec::all_reduce(w, t, op, self.n as u64),
+            Coll::AllGather => CollectiveSpec::all_gather(w, t, self.n as u64),
+            Coll::ReduceScatter => CollectiveSpec::reduce_scatter(w, t, op, self.n as u64),
+            Coll::AllToAll => CollectiveSpec::all_to_all(w, t, self.n as u64),
+            Coll::AllGatherV => CollectiveSpec::all_gather_v(w, t, u(&self.per_rank())),
+            Coll::ReduceScatterV => CollectiveSpec::reduce_scatter_v(w, t, op, u(&self.per_rank())),
+            Coll::AllToAllV => CollectiveSpec::all_to_all_v(w, t, self.v_counts().iter().map(|r| u(r)).collect()),
+        }
+    }
+
+    pub fn in_place(&self) -> bool {
+        self.coll == Coll::AllReduceInPlace
+    }
+
+    /// This rank's plan for the call, as the communicator derives it.
+    pub fn plan(&self, comm: &Comm) -> purlin_snac::Plan {
+        comm.plan_for_conformance(self.spec(), self.in_place())
+            .unwrap_or_else(|e| panic!("{self:?}: no plan on rank {}: {e}", comm.rank()))
+    }
+
+    /// Fresh inputs of every rank.
+    pub fn inputs(&self, rng: &mut Rng) -> Vec<Vec<i64>> {
+        (0..WORLD).map(|r| (0..self.lens(r).0).map(|_| rng.small(self.dt.unsigned())).collect()).collect()
+    }
+
+    /// Rank `r`'s inputs when every process draws them alike: from `(seed, call index,
+    /// rank)`, so a process can compute its peers' inputs for the reference.
+    pub fn inputs_seeded(&self, seed: u64, index: usize) -> Vec<Vec<i64>> {
+        (0..WORLD)
+            .map(|r| {
+                let mut rng = Rng::new(seed ^ ((index as u64) << 20) ^ ((r as u64) << 52));
+                (0..self.lens(r).0).map(|_| rng.small(self.dt.unsigned())).collect()
+            })
+            .collect()
+    }
+
+    /// The reduction over ranks of element `i` of every input.
+    fn reduce(&self, inputs: &[Vec<i64>], i: usize) -> f64 {
+        let mut acc = inputs[0][i] as f64;
+        for x in &inputs[1..] {
+            acc = apply(self.op, acc, x[i] as f64);
+        }
+        if self.op == ReduceOp::Avg {
+            acc /= WORLD as f64;
+            if self.dt == Dt::I32 {
+                acc = acc.trunc();
+            }
+        }
+        acc
+    }
+
+    /// The expected output of rank `r` (independent of any plan).
+    pub fn expected(&self, inputs: &[Vec<i64>], r: usize) -> Vec<f64> {
+        let (n, w) = (self.n, WORLD);
+        let f = |v: &i64| *v as f64;
+        match self.coll {
+            Coll::AllReduce | Coll::AllReduceInPlace => (0..n).map(|i| self.reduce(inputs, i)).collect(),
+            Coll::AllGather | Coll::AllGatherV => (0..w).flat_map(|p| inputs[p].iter().map(f)).collect(),
+            Coll::ReduceScatter => (0..n).map(|i| self.reduce(inputs, r * n + i)).collect(),
+            Coll::ReduceScatterV => {
+                let per_rank = self.per_rank();
+                let off: usize = per_rank[..r].iter().sum();
+                (0..per_rank[r]).map(|i| self.reduce(inputs, off + i)).collect()
+            }
+            Coll::AllToAll => (0..w).flat_map(|p| inputs[p][r * n..(r + 1) * n].iter().map(f)).collect(),
+            Coll::AllToAllV => {
+                let counts = self.v_counts();
+                (0..w)
+                    .flat_map(|s| {
+                        let off: usize = counts[s][..r].iter().sum();
+                        inputs[s][off..off + counts[s][r]].iter().map(f)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    pub fn encode(&self, values: &[i64]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(values.len() * self.dt.size());
+        for &v in values {
+            self.dt.encode(v, &mut out);
+        }
+        out
+    }
+
+    pub fn poisoned(&self, elems: usize) -> Vec<u8> {
+        self.dt.poison().repeat(elems)
+    }
+
+    /// Issues the call on `comm` with raw pointers (`send`, `recv`: device addresses of
+    /// buffers on the comm's GPU holding the call's lengths; `recv` unused in place).
+    pub fn issue(&self, comm: &Comm, send: u64, recv: u64) -> Result<Status, Error> {
+        match self.dt {
+            Dt::F32 => self.issue_typed::<f32>(comm, send, recv),
+            Dt::Bf16 => self.issue_typed::<half::bf16>(comm, send, recv),
+            Dt::I32 => self.issue_typed::<i32>(comm, send, recv),
+            Dt::U8 => self.issue_typed::<u8>(comm, send, recv),
+        }
+    }
+
+    fn issue_typed<T: NcclType>(&self, comm: &Comm, send: u64, recv: u64) -> Result<Status, Error> {
+        let (ni, no) = self.lens(comm.rank());
+        let stream = comm.stream();
+        let s = RawBuf::<T>::new(send, ni, stream.clone());
+        let mut d = RawBuf::<T>::new(recv, no, stream.clone());
+        let op = &self.op;
+        match self.coll {
+            Coll::AllReduce => comm.all_reduce(&s, &mut d, op),
+            Coll::AllReduceInPlace => comm.all_reduce_in_place(&mut RawBuf::<T>::new(send, ni, stream), op),
+            Coll::AllGather => comm.all_gather(&s, &mut d),
+            Coll::ReduceScatter => comm.reduce_scatter(&s, &mut d, op),
+            Coll::AllToAll => comm.all_to_all(&s, &mut d),
+            Coll::AllGatherV => comm.all_gather_v(&s, &mut d, &self.per_rank()),
+            Coll::ReduceScatterV => comm.reduce_scatter_v(&s, &mut d, &self.per_rank(), op),
+            Coll::AllToAllV => comm.all_to_all_v(&s, &mut d, &self.v_counts()),
+        }
+    }
+
+    /// A short name for messages.
+    pub fn name(&self) -> String {
+        let op = if self.coll.reduces() { format!(" {:?}", self.op) } else { String::new() };
+        format!("{:?} {:?}{op} n={}", self.coll, self.dt, self.n)
+    }
+}
+
+/// A device buffer seen through its raw address: implements cudarc's buffer traits without
+/// any event (its `SyncOnDrop` records nothing), so a call taking it can be captured while
+/// the context keeps event tracking on. The caller keeps the memory alive and ordered (here:
+/// every use is on the one stream that owns the `CudaSlice` it points into).
+#[derive(Debug)]
+pub struct RawBuf<T> {
+    ptr: u64,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T> RawBuf<T> {
+    pub fn new(ptr: u64, len: usize, stream: Arc<CudaStream>) -> Self {
+        RawBuf { ptr, len, stream, _t: std::marker::PhantomData }
+    }
+}
+
+impl<T> DeviceSlice<T> for RawBuf<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for RawBuf<T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for RawBuf<T> {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+/// The raw address of a buffer (read outside any capture).
+pub fn addr(s: &CudaSlice<u8>) -> u64 {
+    let stream = s.stream().clone();
+    let (p, _record) = s.device_ptr(&stream);
+    p
+}
+
+/// One call's buffers on every rank.
+#[derive(Debug)]
+pub struct Bufs {
+    pub call: Call,
+    pub send: Vec<CudaSlice<u8>>,
+    pub recv: Vec<CudaSlice<u8>>,
+    pub send_ptr: Vec<u64>,
+    pub recv_ptr: Vec<u64>,
+}
+
+impl Bufs {
+    /// Allocates the call's buffers on every rank's stream (at least 16 bytes each).
+    pub fn new(comms: &[Comm], call: Call) -> Bufs {
+        let mut b = Bufs { call, send: vec![], recv: vec![], send_ptr: vec![], recv_ptr: vec![] };
+        for c in comms {
+            b.push_rank(c);
+        }
+        b
+    }
+
+    /// Allocates only rank `comm.rank()`'s buffers (one process per GPU): index 0 holds them.
+    pub fn for_rank(comm: &Comm, call: Call) -> Bufs {
+        let mut b = Bufs { call, send: vec![], recv: vec![], send_ptr: vec![], recv_ptr: vec![] };
+        b.push_rank(comm);
+        b
+    }
+
+    fn push_rank(&mut self, c: &Comm) {
+        let (ni, no) = self.call.lens(c.rank());
+        let s = c.stream();
+        let size = self.call.dt.size();
+        let send = s.alloc_zeros::<u8>((ni * size).max(16)).expect("alloc send");
+        let recv = s.alloc_zeros::<u8>((no * size).max(16)).expect("alloc recv");
+        self.send_ptr.push(addr(&send));
+        self.recv_ptr.push(addr(&recv));
+        self.send.push(send);
+        self.recv.push(recv);
+    }
+
+    /// Writes `inputs[rank]` into slot `slot`'s send buffer and poisons its receive buffer
+    /// (host→device copies on the rank's stream).
+    pub fn upload(&mut self, comm: &Comm, slot: usize, inputs: &[Vec<i64>]) {
+        let r = comm.rank();
+        let s = comm.stream();
+        let (_, no) = self.call.lens(r);
+        let bytes = self.call.encode(&inputs[r]);
+        if !bytes.is_empty() {
+            s.memcpy_htod(&bytes, &mut self.send[slot].slice_mut(..bytes.len())).expect("upload input");
+        }
+        if !self.call.in_place() {
+            let p = self.call.poisoned(no.max(1));
+            let p = &p[..(no * self.call.dt.size()).max(1).min(p.len())];
+            s.memcpy_htod(p, &mut self.recv[slot].slice_mut(..p.len())).expect("poison output");
+        }
+    }
+
+    /// Issues the call on `comm` with slot `slot`'s buffers.
+    pub fn issue(&self, comm: &Comm, slot: usize) -> Result<Status, Error> {
+        self.call.issue(comm, self.send_ptr[slot], self.recv_ptr[slot])
+    }
+
+    /// Rank `comm.rank()`'s output bytes (waits for the stream).
+    pub fn output(&self, comm: &Comm, slot: usize) -> Vec<u8> {
+        let (_, no) = self.call.lens(comm.rank());
+        let b = if self.call.in_place() { &self.send[slot] } else { &self.recv[slot] };
+        let mut all = comm.stream().clone_dtoh(b).expect("download output");
+        all.truncate(no * self.call.dt.size());
+        all
+    }
+
+    /// Compares slot `slot`'s output on `comm`'s rank with the reference; `Err` names the
+    /// call, the rank, the number of wrong elements and the first one.
+    pub fn check(&self, comm: &Comm, slot: usize, inputs: &[Vec<i64>]) -> Result<(), String> {
+        self.call.check_bytes(inputs, comm.rank(), &self.output(comm, slot))
+    }
+}
+
+impl Call {
+    /// Compares rank `r`'s output bytes (exactly the output's length) with the reference.
+    pub fn check_bytes(&self, inputs: &[Vec<i64>], r: usize, got: &[u8]) -> Result<(), String> {
+        let want = self.expected(inputs, r);
+        let dt = self.dt;
+        if got.len() != want.len() * dt.size() {
+            return Err(format!("{} rank {r}: {} output bytes, want {}", self.name(), got.len(), want.len()));
+        }
+        let wrong: Vec<usize> = (0..want.len()).filter(|&i| dt.decode(got, i) != want[i]).collect();
+        if let Some(&i) = wrong.first() {
+            return Err(format!(
+                "{} rank {r}: {} of {} elements wrong, first at {i}: got {} want {}",
+                self.name(),
+                wrong.len(),
+                want.len(),
+                dt.decode(got, i),
+                want[i]
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Spins the calling thread for `d` (a host-side delay without a sleep's granularity).
+pub fn spin(d: Duration) {
+    let t = std::time::Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// The sleep kernel's source: one thread waits `ns` nanoseconds of the global timer,
+/// napping between looks. Self-contained (NVRTC here has no CUDA headers).
+pub const SLEEP_CU: &str = r#"
+extern "C" __global__ void purlin_test_sleep(unsigned long long ns) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(2000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+"#;
+
+/// The sleep kernel as a translation unit.
+pub fn sleep_unit() -> purlin_atom::TranslationUnit {
+    purlin_atom::TranslationUnit {
+        name: "purlin_test_sleep".into(),
+        source: SLEEP_CU.into(),
+        headers: vec![],
+        options: vec![],
+    }
+}
+
+/// The sleep kernel, compiled and loaded by the communicator at set-up.
+pub fn sleep_request() -> purlin_collectives::comm::KernelRequest {
+    purlin_collectives::comm::KernelRequest {
+        unit: sleep_unit(),
+        function: "purlin_test_sleep".into(),
+        block_size: 32,
+        dynamic_smem: 0,
+    }
+}
+
+/// Enqueues the sleep kernel (loaded at set-up through `CommConfig::kernels`) on `comm`'s
+/// stream: the GPU idles `d` before the stream's next work.
+pub fn device_sleep(comm: &Comm, d: Duration) {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let k = comm.kernel("purlin_test_sleep").expect("the sleep kernel was requested at set-up");
+    let ns = d.as_nanos() as u64;
+    let stream = comm.stream();
+    let mut launch = stream.launch_builder(&k.function);
+    launch.arg(&ns);
+    let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: the kernel's signature is (unsigned long long); it touches no memory and ends
+    // after `ns` nanoseconds of the global timer.
+    unsafe { launch.launch(one) }.expect("launch the sleep kernel");
+}
+
+/// Whether `e` names rank `peer` as the one that failed: a typed peer error naming it, or a
+/// poisoned communicator whose reason names it.
+pub fn names_peer(e: &Error, peer: usize) -> bool {
+    match e {
+        Error::Poisoned(why) => why.contains(&format!("rank {peer}")),
+        other => other.peer() == Some(peer),
+    }
+}
+
+/// Whether `e` is one of the typed errors a failed peer may produce.
+pub fn is_fault_error(e: &Error) -> bool {
+    matches!(e, Error::Poisoned(_) | Error::DeviceTimeout { .. } | Error::Timeout { .. } | Error::PeerLost { .. })
+}
