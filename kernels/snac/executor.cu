@@ -6,8 +6,8 @@
 //
 // Compile-time part (the kernel key, as -D options): PURLIN_T (an Atom element type),
 // PURLIN_OP (an Atom reduce operator), PURLIN_AVG (sum then divide by world),
-// PURLIN_PACKET (8 or 16 bytes per packet) and PURLIN_PARAM_WORDS (capacity of the
-// parameter block). Everything else is run time.
+// PURLIN_PACKET (8 or 16 bytes per packet), PURLIN_PARAM_WORDS and PURLIN_SMALL_PARAM_WORDS
+// (capacities of the two entry points' parameter blocks). Everything else is run time.
 #include "atom.cuh"
 #include "params.cuh"
 #include "sync.cuh"
@@ -26,6 +26,9 @@
 #endif
 #ifndef PURLIN_PARAM_WORDS
 #define PURLIN_PARAM_WORDS 512
+#endif
+#ifndef PURLIN_SMALL_PARAM_WORDS
+#define PURLIN_SMALL_PARAM_WORDS 128
 #endif
 
 namespace purlin {
@@ -412,7 +415,9 @@ __device__ __forceinline__ bool block_failed() {
   return s_failure.code != 0;
 }
 
-__device__ void run_block(const u64* w, const Runtime* rt) {
+// Not inlined: both entry points share one copy (the parameter words are read through a
+// generic pointer into the kernel's parameter space either way, __grid_constant__).
+__device__ __noinline__ void run_block(const u64* w, const Runtime* rt) {
   extern __shared__ __align__(16) u8 smem[];
   const ParamHeader* h = (const ParamHeader*)w;
   u64* control = (u64*)rt->control;
@@ -478,8 +483,16 @@ __device__ void run_block(const u64* w, const Runtime* rt) {
 }  // namespace snac
 }  // namespace purlin
 
+// Two entry points that differ only in the parameter block's capacity: the launch copies the
+// whole block, so small plans (the latency regime's) take the small one.
 extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
     purlin_snac_exec(const __grid_constant__ purlin::snac::Runtime rt,
                      const __grid_constant__ purlin::snac::ParamBlock<PURLIN_PARAM_WORDS> params) {
+  purlin::snac::run_block(params.w, &rt);
+}
+
+extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
+    purlin_snac_exec_small(const __grid_constant__ purlin::snac::Runtime rt,
+                           const __grid_constant__ purlin::snac::ParamBlock<PURLIN_SMALL_PARAM_WORDS> params) {
   purlin::snac::run_block(params.w, &rt);
 }

@@ -741,8 +741,19 @@ impl Comm {
             .result()
             .map_err(driver("cuMemcpyDtoH"))?;
         if words[0] != 0 {
-            let peer = words[1].checked_sub(1).map_or("an unknown rank".into(), |p| format!("rank {p}"));
-            return Err(Error::Poisoned(format!("a device wait for {peer} expired")));
+            // The kernel names the peer where its wait knows it (handshakes); in a world of
+            // two the other rank is the only one a wait can be for.
+            let peer = match words[1].checked_sub(1) {
+                Some(p) => Some(p as usize),
+                None if self.world == 2 => Some(1 - self.rank),
+                None => None,
+            };
+            let who = peer.map_or("an unknown rank".into(), |p| format!("rank {p}"));
+            let why = format!("rank {}: a device wait for {who} expired", self.rank);
+            // Later calls fail at once with this reason (the device word alone would only make
+            // their kernels exit at entry).
+            self.poison.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(why.clone());
+            return Err(Error::Poisoned(why));
         }
         Ok(())
     }
@@ -1009,7 +1020,7 @@ impl Comm {
         let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
         let plan = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
         self.layout.check_resources(&plan.resources)?;
-        self.exec.function_for(&plan)?;
+        self.exec.check_supported(&plan)?;
         let params = ExecParams::new(&purlin_snac::params::encode(&plan))?;
         let prepared = Arc::new(PreparedPlan { plan, params });
         self.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(key, prepared.clone());
@@ -1148,7 +1159,7 @@ impl Drop for Comm {
 #[derive(Debug)]
 pub(crate) struct PreparedPlan {
     pub(crate) plan: Plan,
-    params: Box<ExecParams>,
+    params: ExecParams,
 }
 
 /// What a prepared plan depends on besides the communicator: the spec and in-place-ness.

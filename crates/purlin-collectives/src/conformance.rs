@@ -175,7 +175,7 @@ impl Comm {
         }
         self.check_device(input)?;
         self.check_device(output)?;
-        self.exec.function_for(plan)?;
+        self.exec.check_supported(plan)?;
         let words = purlin_snac::params::encode(plan);
         let params = ExecParams::new(&words)?;
         let steps = step_offsets(plan, &words)?;

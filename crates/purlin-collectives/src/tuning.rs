@@ -1,8 +1,9 @@
 //! How a call is planned: regime, staging side, chunk size, blocks per role and slots, per
 //! size band (DESIGN.md §5 "Tuning"). Every knob can be overridden from the environment
 //! (`PURLIN_REGIME=latency|throughput`, `PURLIN_STAGING_SIDE=own|peer`, `PURLIN_CHUNK_BYTES`,
-//! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_SLOTS`, `PURLIN_LATENCY_MAX_BYTES`), so the table can be
-//! measured before it is trusted.
+//! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_SLOTS`,
+//! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_BLOCK_BYTES`), so the table can be measured
+//! before it is trusted.
 //!
 //! The defaults come from a first sweep on 2×H200 (PERFORMANCE.md): push staging (remote
 //! stores beat remote loads under two-way load, DEVICE.md, and the sweep agrees), 16 blocks
@@ -23,12 +24,17 @@ pub struct Tuning {
     pub regime: Option<Regime>,
     /// Largest per-rank payload planned in the latency regime.
     pub latency_max_bytes: u64,
+    /// The latency regime gives each block at least this many bytes of the largest transfer
+    /// (fewer blocks for small calls: every block costs launch and exit time).
+    pub latency_block_bytes: u64,
     /// Throughput staging side.
     pub staging_side: StagingSide,
     /// Throughput chunk bytes (a multiple of 16 × blocks_per_role).
     pub chunk_bytes: u64,
-    /// Blocks per role.
+    /// Blocks per role (the writers' in the throughput regime).
     pub blocks_per_role: u32,
+    /// Blocks of the throughput regime's reading roles (`None`: `blocks_per_role`).
+    pub consumer_blocks_per_role: Option<u32>,
     /// Staging slots per stream.
     pub slots: u32,
 }
@@ -43,9 +49,11 @@ impl Default for Tuning {
         Self {
             regime: None,
             latency_max_bytes: 1 << 20,
+            latency_block_bytes: 16 << 10,
             staging_side: StagingSide::Peer,
             chunk_bytes: 4 << 20,
             blocks_per_role: 16,
+            consumer_blocks_per_role: None,
             slots: 2,
         }
     }
@@ -85,8 +93,10 @@ impl Tuning {
         }
         t.chunk_bytes = env("PURLIN_CHUNK_BYTES")?.unwrap_or(t.chunk_bytes);
         t.blocks_per_role = env("PURLIN_BLOCKS_PER_ROLE")?.unwrap_or(t.blocks_per_role);
+        t.consumer_blocks_per_role = env("PURLIN_CONSUMER_BLOCKS")?.or(t.consumer_blocks_per_role);
         t.slots = env("PURLIN_SLOTS")?.unwrap_or(t.slots);
         t.latency_max_bytes = env("PURLIN_LATENCY_MAX_BYTES")?.unwrap_or(t.latency_max_bytes);
+        t.latency_block_bytes = env("PURLIN_LATENCY_BLOCK_BYTES")?.unwrap_or(t.latency_block_bytes);
         Ok(t)
     }
 }
@@ -116,22 +126,30 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
     } else {
         Regime::Throughput
     });
-    let blocks = tuning.blocks_per_role.clamp(1, (limits.max_coresident_blocks / 4).max(1));
-    let granule = 16 * u64::from(blocks);
-    let chunk_bytes = tuning.chunk_bytes.max(granule).div_ceil(granule) * granule;
-    PlanConfig {
+    let cap = (limits.max_coresident_blocks / 4).max(1);
+    let mut blocks = tuning.blocks_per_role.clamp(1, cap);
+    if regime == Regime::Latency && tuning.latency_block_bytes > 0 {
+        let wanted = band_bytes(spec).div_ceil(tuning.latency_block_bytes).max(1);
+        blocks = blocks.min(u32::try_from(wanted).unwrap_or(u32::MAX));
+    }
+    let consumer_blocks = tuning.consumer_blocks_per_role.map(|n| n.clamp(1, cap));
+    let mut cfg = PlanConfig {
         regime,
         staging_side: tuning.staging_side,
         allreduce: AllReduceAlgo::Auto,
-        chunk_bytes,
+        chunk_bytes: 0,
         blocks_per_role: blocks,
+        consumer_blocks_per_role: consumer_blocks,
         slots: tuning.slots,
         staging_bytes: limits.staging_bytes,
         window_bytes: limits.window_bytes,
         max_coresident_blocks: limits.max_coresident_blocks,
         packet: limits.packet,
         in_place,
-    }
+    };
+    let granule = cfg.chunk_granule();
+    cfg.chunk_bytes = tuning.chunk_bytes.max(granule).div_ceil(granule) * granule;
+    cfg
 }
 
 /// Derives rank `rank`'s plan, falling back from the latency to the throughput regime when
@@ -147,11 +165,12 @@ pub fn plan_for(
     loop {
         match derive_rank(spec, &cfg, rank) {
             Err(DeriveError::WindowTooSmall { .. }) if tuning.regime.is_none() && cfg.regime == Regime::Latency => {
-                cfg.regime = Regime::Throughput;
+                let staged = Tuning { regime: Some(Regime::Throughput), ..*tuning };
+                cfg = plan_config(spec, in_place, &staged, limits);
             }
             // Many peers' areas in one sense half: smaller chunks, down to the granule.
-            Err(DeriveError::StagingTooSmall { .. }) if cfg.chunk_bytes > 16 * u64::from(cfg.blocks_per_role) => {
-                let granule = 16 * u64::from(cfg.blocks_per_role);
+            Err(DeriveError::StagingTooSmall { .. }) if cfg.chunk_bytes > cfg.chunk_granule() => {
+                let granule = cfg.chunk_granule();
                 cfg.chunk_bytes = (cfg.chunk_bytes / 2).div_ceil(granule) * granule;
             }
             r => return r.map_err(Error::from),
@@ -176,6 +195,7 @@ pub fn plan_fitting(
             return Ok(plan);
         }
         t.blocks_per_role /= 2;
+        t.consumer_blocks_per_role = t.consumer_blocks_per_role.map(|n| (n / 2).max(1));
     }
 }
 

@@ -47,6 +47,11 @@ pub struct PlanConfig {
     pub chunk_bytes: u64,
     /// Blocks per role; each block handles a `chunk_bytes / blocks_per_role` slice of every chunk.
     pub blocks_per_role: u32,
+    /// Blocks of each reading role of the throughput regime (Consumer, Head, Tail) when they
+    /// differ from `blocks_per_role`: readers copy or reduce locally what writers moved over the
+    /// link, often more bytes per chunk (an AllGather's reader also copies its own part), so
+    /// they may need more blocks to keep up. `chunk_bytes` must be a multiple of 16 × both.
+    pub consumer_blocks_per_role: Option<u32>,
     /// Most slots per stream (cyclic staging); fewer if staging is too small.
     pub slots: u32,
     /// Symmetric staging bytes per rank (two sense halves); a multiple of 32.
@@ -60,6 +65,26 @@ pub struct PlanConfig {
     pub in_place: bool,
 }
 
+impl PlanConfig {
+    /// Blocks of each reading role (Consumer, Head, Tail) in the throughput regime.
+    pub fn consumer_blocks(&self) -> u32 {
+        self.consumer_blocks_per_role.unwrap_or(self.blocks_per_role)
+    }
+
+    /// What `chunk_bytes` must be a multiple of: every role's blocks take 16-byte-aligned
+    /// slices of equal size.
+    pub fn chunk_granule(&self) -> u64 {
+        let (a, b) = (16 * u64::from(self.blocks_per_role), 16 * u64::from(self.consumer_blocks()));
+        let gcd = |mut x: u64, mut y: u64| {
+            while y != 0 {
+                (x, y) = (y, x % y);
+            }
+            x
+        };
+        if a == 0 || b == 0 { a.max(b) } else { a / gcd(a, b) * b }
+    }
+}
+
 impl Default for PlanConfig {
     fn default() -> Self {
         PlanConfig {
@@ -68,6 +93,7 @@ impl Default for PlanConfig {
             allreduce: AllReduceAlgo::Auto,
             chunk_bytes: 64 << 10,
             blocks_per_role: 2,
+            consumer_blocks_per_role: None,
             slots: 8,
             staging_bytes: 16 << 20,
             window_bytes: 1 << 20,
@@ -118,11 +144,14 @@ fn check_inputs(spec: &CollectiveSpec, cfg: &PlanConfig) -> Result<(), DeriveErr
     if cfg.blocks_per_role == 0 {
         return mis("blocks_per_role", 0, 1);
     }
+    if cfg.consumer_blocks_per_role == Some(0) {
+        return mis("consumer_blocks_per_role", 0, 1);
+    }
     if cfg.window_bytes == 0 || cfg.window_bytes % 32 != 0 {
         return mis("window_bytes", cfg.window_bytes, 32);
     }
     if cfg.regime == Regime::Throughput {
-        let m = 16 * cfg.blocks_per_role as u64;
+        let m = cfg.chunk_granule();
         if cfg.chunk_bytes == 0 || cfg.chunk_bytes % m != 0 {
             return mis("chunk_bytes", cfg.chunk_bytes, m);
         }
