@@ -36,6 +36,18 @@ pub struct Args {
     pub help: bool,
     /// Run the calibration probe (one process, at least 2 GPUs) before the sweep.
     pub probe: bool,
+    /// `--host` was given: run Purlin's host executor even where GPUs are visible.
+    pub host: bool,
+    /// The flags given on the command line (`--max`, `--mode`, ...), so the host path's
+    /// defaults apply only to what the user left unset.
+    pub given: Vec<String>,
+}
+
+impl Args {
+    /// Whether `flag` (e.g. `"--max"`) was on the command line.
+    pub fn gave(&self, flag: &str) -> bool {
+        self.given.iter().any(|f| f == flag)
+    }
 }
 
 /// `--help`.
@@ -60,7 +72,8 @@ usage: purlin-bench [options]          one process, one thread per GPU
   --runs N           most timed runs per size (median, p99 over runs)  [30]
   --min-runs N       fewest timed runs                                 [5]
   --budget SECS      timed seconds aimed at per size/backend/mode      [0.5]
-  --blocks N         Purlin's block count (NCCL keeps its own tuning)
+  --blocks N         Purlin's blocks per role (tuning's blocks_per_role; NCCL keeps
+                     its own tuning)        [GPU: 16 or PURLIN_BLOCKS_PER_ROLE; host: 2]
   --skew S           Zipf exponent of the V forms' partition sizes     [1.0]
   --backends LIST    purlin,nccl,nccl-symm | all                       [all]
   --timeout SECS     bound on every wait (a stuck peer stops the run)  [120]
@@ -69,6 +82,12 @@ usage: purlin-bench [options]          one process, one thread per GPU
   --no-probe         skip the calibration probe (one process: copy-engine GPU0<->GPU1)
   --quick            8 B..32 MiB x4 steps, warmup 2, iters 10, runs <= 10, budget 0.1 s
                      (flags after --quick override it)
+  --host             run Purlin's host executor (CpuComm) even where GPUs are visible
+
+Without a GPU (no CUDA driver or no device) purlin-bench runs Purlin's host executor
+(purlin_collectives::CpuComm: one thread per rank, --world ranks [2]) and says so; there
+are no NCCL columns. Its defaults, where the flag is not given: --max 4M, --mode eager,
+--warmup 2, --iters 10, --runs 10, --min-runs 3, --budget 0.05.
 
 size = nccl-tests' size: all-reduce the buffer, all-gather(-v) the whole output,
 reduce-scatter(-v) and all-to-all(-v) the whole input of one rank.
@@ -94,6 +113,7 @@ fn default_config() -> Config {
         backends: BackendKind::ALL.to_vec(),
         timeout_s: 120.0,
         seed: 1,
+        executor: crate::run::Executor::Gpu,
     }
 }
 
@@ -106,6 +126,42 @@ fn apply_quick(c: &mut Config) {
     c.min_runs = 3;
     c.budget_s = 0.1;
 }
+
+/// The host executor's defaults (`--max` 4 MiB, eager only, short runs), applied to every
+/// flag the command line did not give: without a GPU the sweep runs on CPU threads, and
+/// `cargo xtask bench` should still finish within a minute on a two-core machine.
+pub fn host_config(args: &Args) -> Config {
+    let mut c = args.config.clone();
+    let unset = |f: &str| !args.gave(f);
+    if unset("--max") {
+        c.max_bytes = c.max_bytes.min(HOST_MAX_BYTES);
+        c.min_bytes = c.min_bytes.min(c.max_bytes);
+    }
+    if unset("--mode") {
+        c.modes = vec![Mode::Eager];
+    }
+    if unset("--warmup") {
+        c.warmup = 2;
+    }
+    if unset("--iters") {
+        c.iters = 10;
+    }
+    if unset("--runs") {
+        c.max_runs = 10;
+    }
+    if unset("--min-runs") {
+        c.min_runs = 3.min(c.max_runs);
+    }
+    if unset("--budget") {
+        c.budget_s = 0.05;
+    }
+    c.backends.retain(|b| *b == BackendKind::Purlin);
+    c.executor = crate::run::Executor::Host;
+    c
+}
+
+/// The host executor's largest size unless `--max` is given.
+pub const HOST_MAX_BYTES: usize = 4 << 20;
 
 fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T> {
     match v.trim().parse() {
@@ -124,6 +180,8 @@ pub fn parse(args: &[String]) -> Result<Args> {
         quick: false,
         help: false,
         probe: true,
+        host: false,
+        given: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -131,6 +189,13 @@ pub fn parse(args: &[String]) -> Result<Args> {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (flag.clone(), None),
         };
+        if flag.starts_with("--") {
+            a.given.push(flag.clone());
+        }
+        if flag == "--host" {
+            a.host = true;
+            continue;
+        }
         if flag == "--quick" {
             a.quick = true;
             apply_quick(&mut a.config);
@@ -181,9 +246,16 @@ pub fn parse(args: &[String]) -> Result<Args> {
             other => bail!("unknown argument {other:?} (see --help)"),
         }
     }
+    // `--runs N` alone lowers the fewest runs with it.
+    if !a.gave("--min-runs") {
+        a.config.min_runs = a.config.min_runs.min(a.config.max_runs);
+    }
     validate(&a)?;
     Ok(a)
 }
+
+/// The largest `--blocks` (the plans clamp further to the co-residency bound).
+pub const MAX_BLOCKS: usize = 1024;
 
 /// Checks the combination of arguments.
 pub fn validate(a: &Args) -> Result<()> {
@@ -209,8 +281,9 @@ pub fn validate(a: &Args) -> Result<()> {
     if !(c.skew >= 0.0 && c.skew < 100.0) {
         bail!("--skew must be between 0 and 100");
     }
-    if c.blocks == Some(0) {
-        bail!("--blocks must be at least 1");
+    match c.blocks {
+        Some(b) if !(1..=MAX_BLOCKS).contains(&b) => bail!("--blocks {b}: must be 1..={MAX_BLOCKS}"),
+        _ => {}
     }
     match a.world {
         Some(w) if !(1..=crate::coord::MAX_RANKS).contains(&w) => {
@@ -255,6 +328,27 @@ mod tests {
     }
 
     #[test]
+    fn host_defaults_fill_only_what_was_not_given() {
+        let a = p("--blocks 4").unwrap();
+        assert_eq!(a.config.blocks, Some(4));
+        let h = host_config(&a);
+        assert_eq!((h.max_bytes, h.modes.clone(), h.iters, h.blocks), (HOST_MAX_BYTES, vec![Mode::Eager], 10, Some(4)));
+        assert_eq!(h.backends, vec![BackendKind::Purlin]);
+        let a = p("--host --max 64M --mode both --iters 3 --quick").unwrap();
+        assert!(a.host && a.gave("--max") && !a.gave("--budget"));
+        // --quick after --max resets it to quick's 64M; it was given, so no cap.
+        let h = host_config(&a);
+        assert_eq!((h.max_bytes, h.modes.len(), h.budget_s), (64 << 20, 2, 0.05));
+        let a = p("--runs 2").unwrap();
+        assert_eq!((a.config.min_runs, a.config.max_runs), (2, 2));
+        assert!(p("--runs 2 --min-runs 3").is_err());
+        let h = host_config(&p("--max 2K --min 1K").unwrap());
+        assert_eq!(h.sizes(), vec![1024, 2048]);
+        let h = host_config(&p("--min 16M").unwrap());
+        assert_eq!(h.sizes(), vec![HOST_MAX_BYTES]);
+    }
+
+    #[test]
     fn bad_input_is_an_error_not_a_panic() {
         for bad in [
             "--min 2G --max 1G",
@@ -271,6 +365,9 @@ mod tests {
             "--factor 1",
             "--frobnicate",
             "--max 0",
+            "--blocks 0",
+            "--blocks 5000",
+            "--blocks many",
         ] {
             assert!(p(bad).is_err(), "{bad}");
         }

@@ -8,22 +8,25 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use crate::backend::{BackendKind, Status};
-use crate::cli::{Args, Launcher};
+use crate::cli::{self, Args, Launcher};
 use crate::coord::{Coord, Region, torchrun_key};
 use crate::gpu::{self, Gpu};
 use crate::report::{self, BackendStatus, Meta};
-use crate::run::{self, Outcome, PurlinComm, Row};
+use crate::run::{self, Executor, Outcome, PurlinComm, Row};
 use crate::{COMMIT, nccl, purlin};
 
 /// What a launch brings back.
 #[derive(Debug)]
 pub enum Launched {
-    /// No GPU here: nothing was measured (the metadata says why).
+    /// No GPU here and Purlin not among `--backends`: nothing was measured (the metadata
+    /// says why). (Without a GPU, Purlin runs on its host executor: [`Launched::Rank0`].)
     NoGpu {
         /// The metadata.
         meta: Meta,
     },
-    /// Rank 0 (or the single process): the results to report.
+    /// Rank 0 (or the single process): the results to report. `meta.executor` says what
+    /// ran Purlin (GPUs, or the host executor), `meta.config` the sweep as run (its
+    /// `backends` are the table's columns).
     Rank0 {
         /// The metadata.
         meta: Meta,
@@ -76,13 +79,18 @@ pub fn launch(args: &Args) -> Result<Launched> {
         limits: Vec::new(),
         config: Some(args.config.clone()),
         topology: None,
+        executor: Executor::Gpu,
+        purlin_blocks_per_role: None,
     };
     if args.config.backends.iter().any(|b| b.is_nccl()) && std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok("0") {
         bail!("NCCL_NVLS_ENABLE must be 0 before NCCL starts (NVLink multicast is never used here)");
     }
     let gpus = if gpu::driver_present() { gpu::device_count() } else { 0 };
-    if gpus == 0 {
-        return Ok(no_gpu(args, meta));
+    if gpus == 0 || args.host {
+        return host(args, meta, gpus, start);
+    }
+    if args.config.backends.contains(&BackendKind::Purlin) {
+        meta.purlin_blocks_per_role = purlin::config(&args.config).ok().map(|c| c.tuning.blocks_per_role);
     }
     // The topology goes into rank 0's metadata (the other ranks of a torchrun launch skip
     // the probe, which touches every GPU).
@@ -162,7 +170,7 @@ pub fn launch(args: &Args) -> Result<Launched> {
             ));
             let mut comms: Vec<PurlinComm> = if args.config.backends.contains(&BackendKind::Purlin) {
                 let t0 = Instant::now();
-                match purlin::comms_for_threads(devs.iter().map(|g| g.stream.clone()).collect(), timeout) {
+                match purlin::comms_for_threads(devs.iter().map(|g| g.stream.clone()).collect(), &args.config) {
                     Ok(v) => {
                         p0(&format!("purlin: communicators ready in {:.1} s", t0.elapsed().as_secs_f64()));
                         v.into_iter().map(|c| PurlinComm::Ready(Box::new(c))).collect()
@@ -217,21 +225,65 @@ fn purlin_comm_process(args: &Args) -> PurlinComm {
     if args.config.backends.contains(&BackendKind::Purlin) { PurlinComm::PerProcess } else { PurlinComm::None }
 }
 
-/// Without a GPU: says so (Purlin will run here on its host executor once `Comm` can) and writes the
-/// metadata, so a CI run shows what it would measure.
-fn no_gpu(args: &Args, mut meta: Meta) -> Launched {
-    let why = if gpu::driver_present() { "no CUDA device is visible" } else { "no CUDA driver (libcuda.so.1)" };
-    let note = format!(
-        "no GPU: {why}. purlin_collectives::Comm cannot run without a GPU yet (its host executor is not \
-         reachable through Comm), and NCCL needs GPUs: nothing to measure"
-    );
-    meta.notes.push(note.clone());
+/// Without a GPU (or with `--host`): Purlin's host executor (`CpuComm`, a thread per rank)
+/// runs the sweep with the host defaults ([`cli::host_config`]); NCCL, which needs GPUs, has
+/// no columns. Says so on stderr, in the table's header and in the files.
+fn host(args: &Args, mut meta: Meta, gpus: usize, start: Instant) -> Result<Launched> {
+    let why = if gpus > 0 {
+        format!("--host given ({gpus} GPUs visible, not used)")
+    } else if gpu::driver_present() {
+        "no GPU found: no CUDA device is visible".to_string()
+    } else {
+        "no GPU found: no CUDA driver (libcuda.so.1)".to_string()
+    };
+    if matches!(args.launcher, Launcher::Torchrun)
+        || (args.launcher == Launcher::Auto && std::env::var_os("RANK").is_some())
+    {
+        bail!("{why}; the host executor runs every rank as a thread of one process: run purlin-bench without torchrun");
+    }
+    let cfg = cli::host_config(args);
+    let world = args.world.unwrap_or(crate::host::DEFAULT_WORLD);
+    meta.executor = Executor::Host;
+    meta.launcher = "none".into();
+    meta.config = Some(cfg.clone());
     meta.backends = args
         .config
         .backends
         .iter()
-        .map(|b| BackendStatus { backend: *b, status: Status::Unavailable(why.into()) })
+        .filter(|b| b.is_nccl())
+        .map(|b| BackendStatus {
+            backend: *b,
+            status: Status::Unavailable("NCCL needs GPUs: no NCCL columns without one".into()),
+        })
         .collect();
+    if !cfg.backends.contains(&BackendKind::Purlin) {
+        let note = format!("{why}. --backends has no purlin, and NCCL needs GPUs: nothing to measure");
+        eprintln!("purlin-bench: {note}");
+        meta.notes.push(note);
+        return Ok(Launched::NoGpu { meta });
+    }
+    let note = format!(
+        "{why}. Running Purlin's host executor (purlin_collectives::CpuComm: {world} ranks as threads of this \
+         process, verified plans only); NCCL columns are absent (NCCL needs GPUs). Host figures are CPU \
+         timings, not comparable with GPU ones."
+    );
     eprintln!("purlin-bench: {note}");
-    Launched::NoGpu { meta }
+    meta.notes.push(note);
+    let sizes = cfg.sizes();
+    eprintln!(
+        "purlin-bench: host sweep: {} collectives x {} sizes ({}..{}), {} {}",
+        cfg.collectives.len(),
+        sizes.len(),
+        crate::spec::format_size(sizes.first().copied().unwrap_or(0)),
+        crate::spec::format_size(sizes.last().copied().unwrap_or(0)),
+        cfg.dtype,
+        cfg.modes.iter().map(|m| m.name()).collect::<Vec<_>>().join("+")
+    );
+    let progress = move |msg: &str| eprintln!("[{:7.1}s] {msg}", start.elapsed().as_secs_f64());
+    let run = crate::host::run_host(&cfg, world, &progress)?;
+    meta.world = run.world;
+    meta.purlin_blocks_per_role = Some(run.blocks_per_role);
+    meta.backends.insert(0, BackendStatus { backend: BackendKind::Purlin, status: Status::Ok });
+    meta.error = run.outcome.error.clone();
+    Ok(Launched::Rank0 { meta, rows: run.outcome.rows, started: start })
 }

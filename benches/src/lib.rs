@@ -2,7 +2,8 @@
 //!
 //! - `purlin-bench` (`src/bin/purlin-bench.rs`, run by `cargo xtask bench`): the collectives
 //!   sweep, Purlin beside NCCL plain and NCCL with symmetric windows, nccl-tests style
-//!   (DESIGN.md §6). The library below is its machinery, tested without a GPU.
+//!   (DESIGN.md §6). The library below is its machinery, tested without a GPU. Without a GPU
+//!   it runs Purlin's host executor instead (`host`), and says so.
 //! - criterion benches of the launch path in `benches/`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -10,6 +11,7 @@ pub mod backend;
 pub mod cli;
 pub mod coord;
 pub mod gpu;
+pub mod host;
 pub mod launch;
 pub mod nccl;
 pub mod plot;

@@ -18,24 +18,29 @@ use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp};
 use crate::backend::{Backend, BackendKind, CallError};
 use crate::coord::Coord;
 use crate::gpu::Gpu;
+use crate::run::Config;
 use crate::spec::{Case, Collective, Dtype, Op};
 
 /// The communicator's settings: its environment (`PURLIN_*`), with every host-side wait
-/// bounded by the benchmark's `--timeout`.
-fn config(timeout: std::time::Duration) -> Result<CommConfig> {
+/// bounded by the benchmark's `--timeout` and, where `--blocks` was given, its blocks per
+/// role (`Tuning::blocks_per_role`; it wins over `PURLIN_BLOCKS_PER_ROLE`).
+pub fn config(cfg: &Config) -> Result<CommConfig> {
     let mut c = CommConfig::from_env().map_err(|e| anyhow!("purlin configuration: {e}"))?;
-    c.timeout = timeout;
+    c.timeout = cfg.timeout();
+    if let Some(b) = cfg.blocks {
+        c.tuning.blocks_per_role = u32::try_from(b).map_err(|_| anyhow!("--blocks {b} is too large"))?;
+    }
     Ok(c)
 }
 
 /// Makes every rank's communicator in one process (rank `i` on `streams[i]`).
-pub fn comms_for_threads(streams: Vec<Arc<CudaStream>>, timeout: std::time::Duration) -> Result<Vec<Comm>> {
-    Comm::from_devices_with_config(streams, config(timeout)?)
+pub fn comms_for_threads(streams: Vec<Arc<CudaStream>>, cfg: &Config) -> Result<Vec<Comm>> {
+    Comm::from_devices_with_config(streams, config(cfg)?)
         .map_err(|e| anyhow!("purlin_collectives::Comm::from_devices: {e}"))
 }
 
 /// Makes this rank's communicator, one process per GPU (every rank calls it).
-pub fn comm_for_process(gpu: &Gpu, coord: &Coord, timeout: std::time::Duration) -> Result<Comm> {
+pub fn comm_for_process(gpu: &Gpu, coord: &Coord, cfg: &Config) -> Result<Comm> {
     let mine: Vec<u8> = if coord.rank() == 0 {
         match Id::new() {
             Ok(id) => id.internal().iter().map(|c| *c as u8).collect(),
@@ -52,7 +57,7 @@ pub fn comm_for_process(gpu: &Gpu, coord: &Coord, timeout: std::time::Duration) 
     for (d, s) in internal.iter_mut().zip(&got) {
         *d = *s as _;
     }
-    Comm::from_rank_with_config(gpu.stream.clone(), coord.rank(), coord.world(), Id::uninit(internal), config(timeout)?)
+    Comm::from_rank_with_config(gpu.stream.clone(), coord.rank(), coord.world(), Id::uninit(internal), config(cfg)?)
         .map_err(|e| anyhow!("purlin_collectives::Comm::from_rank: {e}"))
 }
 
@@ -78,7 +83,7 @@ impl Purlin {
     }
 }
 
-fn op(o: Option<Op>) -> ReduceOp {
+pub(crate) fn op(o: Option<Op>) -> ReduceOp {
     match o.unwrap_or(Op::Sum) {
         Op::Sum => ReduceOp::Sum,
         Op::Prod => ReduceOp::Prod,
@@ -88,7 +93,7 @@ fn op(o: Option<Op>) -> ReduceOp {
     }
 }
 
-fn map_err(e: Error) -> CallError {
+pub(crate) fn map_err(e: Error) -> CallError {
     match e {
         Error::Unsupported(m) if m.contains("not implemented") => CallError::NotImplemented(m),
         Error::Unsupported(m) => CallError::Unsupported(m),

@@ -8,11 +8,11 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::backend::{BackendKind, Status};
-use crate::run::{Cell, Config, Row};
+use crate::run::{Cell, Config, Executor, Row};
 use crate::spec::{Collective, Mode, format_size};
 
 /// Where and when a sweep ran.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Meta {
     /// The tool.
     pub tool: String,
@@ -48,6 +48,30 @@ pub struct Meta {
     pub config: Option<Config>,
     /// The topology as purlin-topo probed it (JSON), where it could.
     pub topology: Option<serde_json::Value>,
+    /// What ran Purlin's calls: the GPUs or, without one, the host executor.
+    pub executor: Executor,
+    /// Purlin's blocks per role (`Tuning::blocks_per_role`: `--blocks`, else the
+    /// communicator's default or `PURLIN_BLOCKS_PER_ROLE`); plans may use fewer where the
+    /// co-residency bound or the parameter block requires.
+    pub purlin_blocks_per_role: Option<u32>,
+}
+
+impl Meta {
+    /// The blocks-per-role line of the header (and where it came from).
+    pub fn blocks_line(&self) -> Option<String> {
+        let b = self.purlin_blocks_per_role?;
+        let given = self.config.as_ref().is_some_and(|c| c.blocks.is_some());
+        let from = if given {
+            "--blocks"
+        } else if std::env::var_os("PURLIN_BLOCKS_PER_ROLE").is_some() {
+            "PURLIN_BLOCKS_PER_ROLE"
+        } else if self.executor == Executor::Host {
+            "the host executor's default"
+        } else {
+            "the GPU default"
+        };
+        Some(format!("purlin blocks per role: {b} ({from})"))
+    }
 }
 
 /// One backend's set-up status.
@@ -118,15 +142,23 @@ fn fmt_cell(c: Option<&Cell>) -> String {
 /// The nccl-tests-like table: one block per (collective, mode).
 pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
     let mut s = String::new();
+    let host = meta.executor == Executor::Host;
     let _ = writeln!(
         s,
-        "# purlin-bench  {}  world {} ({})  commit {}  nccl {}",
+        "# purlin-bench  {}  world {} ({})  commit {}  nccl {}{}",
         meta.date,
         meta.world,
         meta.launcher,
         meta.commit,
-        meta.nccl.as_deref().unwrap_or("none")
+        meta.nccl.as_deref().unwrap_or("none"),
+        if host { format!("  [{}]", Executor::Host.label()) } else { String::new() }
     );
+    for n in &meta.notes {
+        let _ = writeln!(s, "# {n}");
+    }
+    if let Some(b) = meta.blocks_line() {
+        let _ = writeln!(s, "# {b}");
+    }
     if let Some(g) = meta.gpus.first() {
         let _ = writeln!(s, "# GPUs: {} x {g}  driver {}", meta.gpus.len(), meta.driver.as_deref().unwrap_or("?"));
     }
@@ -150,10 +182,11 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "# {collective}  {}  {}  {mode}  (size = {})",
+            "# {collective}  {}  {}  {mode}  (size = {}){}",
             first.dtype,
             first.op.map_or("none", |o| o.name()),
-            collective.bytes_meaning()
+            collective.bytes_meaning(),
+            if first.executor == Executor::Host { format!("  [{}]", Executor::Host.label()) } else { String::new() }
         );
         let mut h1 = format!("# {:>10} {:>12} {:>5} {:>6} ", "", "", "", "");
         let mut h2 = format!("# {:>10} {:>12} {:>5} {:>6} ", "size", "count", "type", "redop");
@@ -187,6 +220,9 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
                     let _ = write!(line, "| {:>8} ", r.speedup(*b).map_or("-".into(), |x| format!("{x:.2}x")));
                 }
             }
+            if r.executor == Executor::Host {
+                let _ = write!(line, "| {}", Executor::Host.label());
+            }
             let _ = writeln!(s, "{}", line.trim_end());
         }
         // Why cells are empty, once per backend and reason.
@@ -213,10 +249,11 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
     s
 }
 
-/// The CSV: one line per (row, backend).
-pub fn csv(rows: &[Row]) -> String {
+/// The CSV: one line per (row, backend). `executor` is `gpu` or `host executor (no GPU)`;
+/// `blocks_per_role` is Purlin's (empty on NCCL's lines).
+pub fn csv(rows: &[Row], meta: &Meta) -> String {
     let mut s = String::from(
-        "collective,dtype,op,mode,world,bytes,count,backend,status,time_us,p99_us,algbw_gbps,busbw_gbps,wrong,runs,iters,speedup_vs_nccl,speedup_vs_nccl_symm,reason\n",
+        "collective,dtype,op,mode,world,bytes,count,backend,status,time_us,p99_us,algbw_gbps,busbw_gbps,wrong,runs,iters,speedup_vs_nccl,speedup_vs_nccl_symm,executor,blocks_per_role,reason\n",
     );
     let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.4}"));
     for r in rows {
@@ -227,9 +264,13 @@ pub fn csv(rows: &[Row]) -> String {
                 (String::new(), String::new())
             };
             let reason = c.status.reason().unwrap_or("").replace('"', "'");
+            let blocks = match (c.backend, meta.purlin_blocks_per_role) {
+                (BackendKind::Purlin, Some(b)) => b.to_string(),
+                _ => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
                 r.collective,
                 r.dtype,
                 r.op.map_or("none", |o| o.name()),
@@ -248,6 +289,8 @@ pub fn csv(rows: &[Row]) -> String {
                 c.iters,
                 sn,
                 ss,
+                r.executor.label(),
+                blocks,
                 reason
             );
         }
@@ -270,7 +313,7 @@ pub fn write_all(dir: &Path, rows: &[Row], backends: &[BackendKind], meta: &Meta
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let mut written = Vec::new();
     let p = dir.join("results.csv");
-    std::fs::write(&p, csv(rows)).with_context(|| format!("write {}", p.display()))?;
+    std::fs::write(&p, csv(rows, meta)).with_context(|| format!("write {}", p.display()))?;
     written.push(p.display().to_string());
     let p = dir.join("results.json");
     std::fs::write(&p, json(rows, meta)?).with_context(|| format!("write {}", p.display()))?;
@@ -293,7 +336,9 @@ pub fn write_all(dir: &Path, rows: &[Row], backends: &[BackendKind], meta: &Meta
             first.world,
             if meta.launcher == "torchrun" { "torchrun, a process per GPU" } else { "one process" }
         ));
-        if let Some(g) = meta.gpus.first() {
+        if first.executor == Executor::Host {
+            title.push_str(&format!(", {}", Executor::Host.label()));
+        } else if let Some(g) = meta.gpus.first() {
             title.push_str(&format!(", {g}"));
         }
         if meta.date.len() >= 10 {
@@ -337,6 +382,7 @@ pub(crate) mod tests {
                 bytes,
                 count: bytes / 4,
                 world: 2,
+                executor: Executor::Gpu,
                 cells: vec![
                     cell(BackendKind::Purlin, t_purlin, if i == 2 { 3 } else { 0 }),
                     cell(BackendKind::Nccl, t_nccl, 0),
@@ -352,6 +398,7 @@ pub(crate) mod tests {
             bytes: 64,
             count: 16,
             world: 2,
+            executor: Executor::Gpu,
             cells: vec![
                 Cell::status(BackendKind::Purlin, Status::NotImplemented("no all_to_all yet".into())),
                 Cell { time_us: Some(20.0), ..Cell::status(BackendKind::Nccl, Status::Ok) },
@@ -383,6 +430,8 @@ pub(crate) mod tests {
             limits: vec!["copy engine: 390 GB/s".into()],
             config: None,
             topology: None,
+            executor: Executor::Gpu,
+            purlin_blocks_per_role: Some(16),
         }
     }
 
@@ -427,23 +476,55 @@ pub(crate) mod tests {
     #[test]
     fn csv_and_json_round_trip() {
         let rows = sample_rows();
-        let c = csv(&rows);
+        let c = csv(&rows, &sample_meta());
         let lines: Vec<&str> = c.lines().collect();
         assert_eq!(lines.len(), 1 + 5 * 3);
         let header: Vec<&str> = lines[0].split(',').collect();
-        assert_eq!(header.len(), 19);
+        assert_eq!(header.len(), 21);
         for l in &lines[1..] {
             // The reason is the last, quoted field; the others have no commas.
             let (head, _) = l.split_once(",\"").unwrap();
-            assert_eq!(head.split(',').count(), 18, "{l}");
+            assert_eq!(head.split(',').count(), 20, "{l}");
         }
         assert!(lines[1].starts_with("all-reduce,f32,sum,eager,2,8,2,purlin,ok,"));
+        // Purlin's lines carry its blocks per role, NCCL's do not.
+        assert!(lines[1].ends_with(",gpu,16,\"\""), "{}", lines[1]);
+        assert!(lines[2].ends_with(",gpu,,\"\""), "{}", lines[2]);
         let j: serde_json::Value = serde_json::from_str(&json(&rows, &sample_meta()).unwrap()).unwrap();
         assert_eq!(j["meta"]["nccl"], "2.28.3");
         assert_eq!(j["rows"].as_array().unwrap().len(), 5);
         assert_eq!(j["rows"][4]["cells"][0]["status"], "not-implemented");
         assert_eq!(j["rows"][4]["collective"], "all-to-all-v");
         assert_eq!(j["rows"][2]["cells"][0]["wrong"], 3);
+    }
+
+    #[test]
+    fn host_rows_and_header_are_labelled() {
+        let mut rows = sample_rows();
+        for r in &mut rows {
+            r.executor = Executor::Host;
+            r.cells.retain(|c| c.backend == BackendKind::Purlin);
+        }
+        let meta = Meta {
+            executor: Executor::Host,
+            notes: vec!["no GPU: no CUDA driver. NCCL columns are absent".into()],
+            purlin_blocks_per_role: Some(2),
+            ..sample_meta()
+        };
+        let t = table(&rows, &[BackendKind::Purlin], &meta);
+        let first = t.lines().next().unwrap();
+        assert!(first.ends_with("[host executor (no GPU)]"), "{first}");
+        assert!(t.contains("# no GPU: no CUDA driver. NCCL columns are absent"), "{t}");
+        assert!(t.contains("# purlin blocks per role: 2 ("), "{t}");
+        let data: Vec<&str> = t.lines().filter(|l| l.starts_with("  ")).collect();
+        assert_eq!(data.len(), 5);
+        assert!(data.iter().all(|l| l.ends_with("| host executor (no GPU)")), "{t}");
+        assert!(!t.contains("speedup"), "{t}");
+        let c = csv(&rows, &meta);
+        assert!(c.lines().skip(1).all(|l| l.contains(",host executor (no GPU),2,")), "{c}");
+        let j: serde_json::Value = serde_json::from_str(&json(&rows, &meta).unwrap()).unwrap();
+        assert_eq!(j["meta"]["executor"], "host executor (no GPU)");
+        assert_eq!(j["rows"][0]["executor"], "host executor (no GPU)");
     }
 
     #[test]

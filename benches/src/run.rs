@@ -22,6 +22,29 @@ use crate::gpu::{Device, Gpu};
 use crate::nccl;
 use crate::spec::{Case, Collective, Dtype, Mode, Op, POISON, sweep_sizes};
 
+/// What runs Purlin's calls: the GPUs, or the host executor on CPU threads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Executor {
+    /// GPUs (`purlin_collectives::Comm`, NCCL beside it).
+    #[default]
+    #[serde(rename = "gpu")]
+    Gpu,
+    /// No GPU: `purlin_collectives::CpuComm`, a thread per rank (and per block) in this
+    /// process; no NCCL.
+    #[serde(rename = "host executor (no GPU)")]
+    Host,
+}
+
+impl Executor {
+    /// The label rows, headers and files carry.
+    pub fn label(self) -> &'static str {
+        match self {
+            Executor::Gpu => "gpu",
+            Executor::Host => "host executor (no GPU)",
+        }
+    }
+}
+
 /// Everything a sweep is told on the command line.
 #[derive(Clone, Debug, Serialize)]
 pub struct Config {
@@ -49,7 +72,8 @@ pub struct Config {
     pub min_runs: usize,
     /// Seconds of timed runs aimed at per (case, backend, mode) (bounds the large sizes).
     pub budget_s: f64,
-    /// Purlin's block count override (NCCL keeps its own tuning).
+    /// Purlin's blocks per role (`Tuning::blocks_per_role`), if given; NCCL keeps its own
+    /// tuning.
     pub blocks: Option<usize>,
     /// Zipf exponent of the V forms' partition sizes.
     pub skew: f64,
@@ -59,6 +83,8 @@ pub struct Config {
     pub timeout_s: f64,
     /// Seed of the inputs.
     pub seed: u64,
+    /// What runs the calls (set by the launcher, not a flag).
+    pub executor: Executor,
 }
 
 impl Config {
@@ -154,6 +180,8 @@ pub struct Row {
     pub count: usize,
     /// Ranks.
     pub world: usize,
+    /// What ran Purlin's calls.
+    pub executor: Executor,
     /// One cell per backend, in column order.
     pub cells: Vec<Cell>,
 }
@@ -309,7 +337,7 @@ fn open_backends(
                 let comm = match purlin.take().unwrap_or(PurlinComm::None) {
                     PurlinComm::Ready(c) => Ok(*c),
                     PurlinComm::Failed(why) => Err(anyhow!(why)),
-                    PurlinComm::PerProcess => crate::purlin::comm_for_process(gpu, coord, cfg.timeout()),
+                    PurlinComm::PerProcess => crate::purlin::comm_for_process(gpu, coord, cfg),
                     PurlinComm::None => Err(anyhow!("no communicator was made")),
                 };
                 let b = comm.and_then(|c| crate::purlin::Purlin::new(gpu, c, send_bytes, recv_bytes));
@@ -379,6 +407,7 @@ fn sweep(
                     bytes: case.bytes(),
                     count: case.count,
                     world,
+                    executor: cfg.executor,
                     cells: Vec::new(),
                 })
                 .collect();

@@ -1,6 +1,6 @@
 //! The `purlin-bench` binary as a user meets it: bad arguments exit 2 with the usage; a tiny
-//! sweep exits cleanly and writes valid results (without a GPU it says so; with one it
-//! measures a few all-reduce sizes).
+//! sweep exits cleanly and writes valid results (with GPUs it measures a few all-reduce
+//! sizes; without one, Purlin's host executor, and says so).
 
 use std::process::Command;
 
@@ -40,6 +40,7 @@ fn help_lists_every_flag() {
         "--out",
         "--quick",
         "--backends",
+        "--host",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }
@@ -60,11 +61,12 @@ fn a_tiny_sweep_writes_valid_results() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
     assert!(json["meta"]["command"].as_str().unwrap().contains("--collective all-reduce"));
     assert!(json["meta"]["commit"].as_str().unwrap().len() >= 7);
-    if json["meta"]["world"] == 0 {
+    // With GPUs it measures them; without one, Purlin's host executor, saying so.
+    assert!(!json["rows"].as_array().unwrap().is_empty(), "{stdout}");
+    if json["meta"]["executor"] != "gpu" {
+        assert_eq!(json["meta"]["executor"], "host executor (no GPU)");
         assert!(stderr.contains("no GPU"), "{stderr}");
         assert!(json["meta"]["notes"][0].as_str().unwrap().contains("no GPU"));
-    } else {
-        assert!(!json["rows"].as_array().unwrap().is_empty());
     }
     let _ = std::fs::remove_dir_all(dir);
 }

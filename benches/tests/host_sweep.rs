@@ -205,5 +205,6 @@ fn report_meta() -> report::Meta {
         limits: vec![],
         config: None,
         topology: None,
+        ..report::Meta::default()
     }
 }

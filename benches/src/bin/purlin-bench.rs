@@ -2,10 +2,12 @@
 //! nccl-tests style. `purlin-bench --help` lists the flags; the README's Benchmark section
 //! says how to run and read it.
 //!
+//! Without a GPU it runs Purlin's host executor (`CpuComm`, a thread per rank) and says so.
 //! Progress goes to stderr, the table to stdout, files to `--out DIR`. Every wait is bounded
 //! (`--timeout`), so it finishes (or fails, saying why) when run unattended.
 
 use anyhow::Result;
+use purlin_benches::backend::BackendKind;
 use purlin_benches::cli::{self, Args};
 use purlin_benches::launch::{Launched, launch};
 use purlin_benches::report::{self, Meta};
@@ -45,10 +47,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// The table's columns: the sweep as run (without a GPU: Purlin's host executor only).
+fn columns(args: &Args, meta: &Meta) -> Vec<BackendKind> {
+    meta.config.as_ref().map_or_else(|| args.config.backends.clone(), |c| c.backends.clone())
+}
+
 fn run(args: Args) -> Result<ExitCode> {
     match launch(&args)? {
         Launched::NoGpu { meta } => {
-            print!("{}", report::table(&[], &args.config.backends, &meta));
+            print!("{}", report::table(&[], &columns(&args, &meta), &meta));
             write_files(&args, &meta, &[]);
             Ok(ExitCode::SUCCESS)
         }
@@ -60,7 +67,7 @@ fn run(args: Args) -> Result<ExitCode> {
             None => Ok(ExitCode::SUCCESS),
         },
         Launched::Rank0 { meta, rows, started } => {
-            print!("{}", report::table(&rows, &args.config.backends, &meta));
+            print!("{}", report::table(&rows, &columns(&args, &meta), &meta));
             write_files(&args, &meta, &rows);
             if let Some(e) = &meta.error {
                 eprintln!("purlin-bench: stopped: {e}");
@@ -74,7 +81,7 @@ fn run(args: Args) -> Result<ExitCode> {
 
 fn write_files(args: &Args, meta: &Meta, rows: &[Row]) {
     if let Some(dir) = &args.out {
-        match report::write_all(dir, rows, &args.config.backends, meta) {
+        match report::write_all(dir, rows, &columns(args, meta), meta) {
             Ok(files) => eprintln!("purlin-bench: wrote {}", files.join(", ")),
             Err(e) => eprintln!("purlin-bench: could not write results: {e:#}"),
         }

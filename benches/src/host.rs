@@ -1,0 +1,245 @@
+//! Without a GPU: Purlin's host executor as the benchmark's backend.
+//!
+//! `purlin_collectives::CpuComm` runs every collective on CPU threads of this process, one
+//! communicator per rank (and one OS thread per block of a call), through the same SNAC plans
+//! the GPUs run, verified before they run. The sweep is the GPU path's ([`run::run_backends`]):
+//! every result is checked against the reference [`crate::spec::Case::expected`] computes
+//! from the inputs alone (`#wrong`), timed the same way, reported the same way. Host memory
+//! stands in for device memory ([`HostDevice`]); graph mode needs a GPU and says so.
+//!
+//! NCCL needs GPUs, so there are no NCCL columns; the table and files say why.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use purlin_collectives::snac::{CollectiveSpec, DataType};
+use purlin_collectives::{CpuComm, CpuConfig};
+
+use crate::backend::{Backend, BackendKind, CallError, Status};
+use crate::coord::{Coord, Region};
+use crate::gpu::HostDevice;
+use crate::run::{self, Config, Outcome};
+use crate::spec::{Case, Collective, Dtype};
+
+/// The host executor's ranks unless `--world` is given.
+pub const DEFAULT_WORLD: usize = 2;
+
+/// The host communicators' settings: `CpuConfig::from_env` (the `PURLIN_*` tuning and
+/// verifier variables), every wait bounded by `--timeout`, and `--blocks` as the blocks per
+/// role where given (it wins over `PURLIN_BLOCKS_PER_ROLE`).
+pub fn cpu_config(cfg: &Config) -> Result<CpuConfig> {
+    let mut c = CpuConfig::from_env().map_err(|e| anyhow!("purlin host configuration: {e}"))?;
+    c.timeout = cfg.timeout();
+    if let Some(b) = cfg.blocks {
+        c.tuning.blocks_per_role = u32::try_from(b).map_err(|_| anyhow!("--blocks {b} is too large"))?;
+    }
+    Ok(c)
+}
+
+/// A host buffer handed out by address (the sweep writes and reads it through
+/// [`HostDevice`]); 8-byte aligned, so any element type's slice of it is aligned.
+struct HostBuffer {
+    ptr: *mut u64,
+    words: usize,
+}
+
+impl HostBuffer {
+    fn new(bytes: usize) -> HostBuffer {
+        let words = bytes.max(256).div_ceil(8);
+        let boxed: Box<[u64]> = vec![0u64; words].into_boxed_slice();
+        HostBuffer { ptr: Box::into_raw(boxed).cast::<u64>(), words }
+    }
+
+    fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    fn len(&self) -> usize {
+        self.words * 8
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `words` came from `Box::into_raw` of a `Box<[u64]>` of `words`
+        // elements in `new`, and this is the only place it is turned back into a box.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.words)) });
+    }
+}
+
+/// One rank's host-executor backend (reported as `purlin`).
+pub struct HostPurlin {
+    comm: CpuComm,
+    send: HostBuffer,
+    recv: HostBuffer,
+}
+
+impl std::fmt::Debug for HostPurlin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostPurlin").field("comm", &self.comm).finish_non_exhaustive()
+    }
+}
+
+impl HostPurlin {
+    /// Wraps a rank's communicator with buffers for the sweep's largest case.
+    pub fn new(comm: CpuComm, send_bytes: usize, recv_bytes: usize) -> HostPurlin {
+        HostPurlin { comm, send: HostBuffer::new(send_bytes), recv: HostBuffer::new(recv_bytes) }
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &CpuComm {
+        &self.comm
+    }
+}
+
+/// SNAC's element type of a benchmark dtype.
+pub fn data_type(d: Dtype) -> DataType {
+    match d {
+        Dtype::F32 => DataType::F32,
+        Dtype::F16 => DataType::F16,
+        Dtype::Bf16 => DataType::Bf16,
+        Dtype::F64 => DataType::F64,
+        Dtype::I8 => DataType::I8,
+        Dtype::U8 => DataType::U8,
+        Dtype::I32 => DataType::I32,
+        Dtype::U32 => DataType::U32,
+        Dtype::I64 => DataType::I64,
+        Dtype::U64 => DataType::U64,
+    }
+}
+
+/// The collective spec of `case` (the same on every rank), as `CpuComm`'s typed methods make
+/// it: counts from the case's layout, the communicator's reduction mode.
+pub fn spec_of(case: &Case, comm: &CpuComm) -> CollectiveSpec {
+    let (w, dt) = (case.world as u32, data_type(case.dtype));
+    let op = || purlin_collectives::snac::ReduceOp::from(&crate::purlin::op(case.op));
+    let u = |v: &[usize]| v.iter().map(|&c| c as u64).collect::<Vec<u64>>();
+    // AllGather's contribution, ReduceScatter's partition, AllToAll's pair: count / world.
+    let per_rank = (case.count / case.world.max(1)) as u64;
+    let spec = match case.collective {
+        Collective::AllReduce => CollectiveSpec::all_reduce(w, dt, op(), case.count as u64),
+        Collective::AllGather => CollectiveSpec::all_gather(w, dt, per_rank),
+        Collective::ReduceScatter => CollectiveSpec::reduce_scatter(w, dt, op(), per_rank),
+        // Every pair moves `count / world` elements (the case's matrix is uniform).
+        Collective::AllToAll => CollectiveSpec::all_to_all(w, dt, per_rank),
+        Collective::AllGatherV => CollectiveSpec::all_gather_v(w, dt, u(case.parts())),
+        Collective::ReduceScatterV => CollectiveSpec::reduce_scatter_v(w, dt, op(), u(case.parts())),
+        Collective::AllToAllV => CollectiveSpec::all_to_all_v(w, dt, case.matrix.iter().map(|r| u(r)).collect()),
+    };
+    spec.with_mode(comm.config().mode)
+}
+
+impl Backend for HostPurlin {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Purlin
+    }
+
+    fn send_ptr(&self) -> u64 {
+        self.send.addr()
+    }
+
+    fn recv_ptr(&self) -> u64 {
+        self.recv.addr()
+    }
+
+    /// Every case is tried; what the host executor cannot do (e.g. reductions of f64) comes
+    /// back from the call as a typed error, before anything is touched, on every rank alike.
+    fn supports(&self, _case: &Case) -> Result<(), CallError> {
+        Ok(())
+    }
+
+    fn enqueue(&mut self, case: &Case) -> Result<(), CallError> {
+        let r = self.comm.rank();
+        let es = case.dtype.size();
+        let (in_bytes, out_bytes) = (case.in_count(r) * es, case.out_count(r) * es);
+        if in_bytes > self.send.len() || out_bytes > self.recv.len() {
+            return Err(CallError::Failed(format!(
+                "buffers of {}/{} bytes for a call of {in_bytes}/{out_bytes}",
+                self.send.len(),
+                self.recv.len()
+            )));
+        }
+        let spec = spec_of(case, &self.comm);
+        // SAFETY: both buffers are live allocations of at least these lengths (checked
+        // above), owned by `self` and distinct; the sweep reaches them only through
+        // `HostDevice` between calls, never during one (calls complete before they return),
+        // and `&mut self` keeps this the only access while the call runs.
+        let (send, recv) = unsafe {
+            (
+                std::slice::from_raw_parts(self.send.ptr.cast::<u8>(), in_bytes),
+                std::slice::from_raw_parts_mut(self.recv.ptr.cast::<u8>(), out_bytes),
+            )
+        };
+        self.comm.execute_bytes(&spec, send, recv).map_err(crate::purlin::map_err)
+    }
+
+    fn async_error(&self) -> Option<String> {
+        self.comm.async_error().err().map(|e| e.to_string())
+    }
+}
+
+/// What the host sweep brings back.
+#[derive(Debug)]
+pub struct HostRun {
+    /// Rank 0's outcome (rows, statuses, the first failure of any rank).
+    pub outcome: Outcome,
+    /// Ranks.
+    pub world: usize,
+    /// The host communicators' blocks per role.
+    pub blocks_per_role: u32,
+}
+
+/// Runs the sweep of `cfg` on the host executor with `world` ranks (threads of this
+/// process), reporting progress through `progress` (rank 0's lines).
+pub fn run_host(cfg: &Config, world: usize, progress: &(dyn Fn(&str) + Sync)) -> Result<HostRun> {
+    if !(2..=crate::coord::MAX_RANKS).contains(&world) {
+        bail!("--world {world}: the host executor runs 2..={} ranks", crate::coord::MAX_RANKS);
+    }
+    let cpu = cpu_config(cfg)?;
+    let blocks_per_role = cpu.tuning.blocks_per_role;
+    let t0 = Instant::now();
+    let comms =
+        CpuComm::threads_with_config(world, cpu).map_err(|e| anyhow!("purlin_collectives::CpuComm::threads: {e}"))?;
+    progress(&format!(
+        "purlin (host executor): {world} ranks ready in {:.1} s; blocks per role {blocks_per_role}",
+        t0.elapsed().as_secs_f64()
+    ));
+    let (send_bytes, recv_bytes) = cfg.buffer_bytes(world);
+    let region = Region::local(world);
+    let timeout = cfg.timeout();
+    let config = Arc::new(cfg.clone());
+    let outs: Vec<Outcome> = std::thread::scope(|s| -> Result<Vec<Outcome>> {
+        let mut handles = Vec::with_capacity(world);
+        for (rank, comm) in comms.into_iter().enumerate() {
+            let (region, config) = (region.clone(), config.clone());
+            let h = std::thread::Builder::new()
+                .name(format!("rank-{rank}"))
+                .spawn_scoped(s, move || {
+                    let coord = Coord::new(region, rank, world, timeout);
+                    let mut backends: Vec<Box<dyn Backend>> =
+                        vec![Box::new(HostPurlin::new(comm, send_bytes, recv_bytes))];
+                    let quiet = |_: &str| {};
+                    let p: &dyn Fn(&str) = if rank == 0 { progress } else { &quiet };
+                    let mut out = run::run_backends(&config, &HostDevice, &coord, &mut backends, p);
+                    out.backends = vec![(BackendKind::Purlin, Status::Ok)];
+                    out
+                })
+                .context("spawn a rank thread")?;
+            handles.push(h);
+        }
+        Ok(handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Outcome { error: Some("a rank thread panicked".into()), ..Outcome::default() })
+            })
+            .collect())
+    })?;
+    let mut outs = outs.into_iter();
+    let mut outcome = outs.next().unwrap_or_default();
+    if outcome.error.is_none() {
+        outcome.error = outs.find_map(|o| o.error);
+    }
+    Ok(HostRun { outcome, world, blocks_per_role })
+}
