@@ -9,7 +9,7 @@ use std::time::Instant;
 use common::*;
 use proptest::prelude::*;
 use purlin_snac::verify::mutate::{self, Mutation};
-use purlin_snac::verify::{Coverage, Options, Property, twin_spec, verify};
+use purlin_snac::verify::{Coverage, Options, Property, Reduction, verify};
 use purlin_snac::*;
 
 fn small(regime: Regime, side: StagingSide, blocks: u32) -> PlanConfig {
@@ -26,9 +26,63 @@ fn small(regime: Regime, side: StagingSide, blocks: u32) -> PlanConfig {
     }
 }
 
+/// The full plans: `verify` applies the chunk cutoff itself.
 fn plans(spec: &CollectiveSpec, cfg: &PlanConfig) -> Vec<Plan> {
-    let twin = twin_spec(spec, cfg.chunk_bytes, cfg.slots as u64);
-    derive(&twin, cfg).unwrap_or_else(|e| panic!("{spec:?} {cfg:?}: {e}"))
+    derive(spec, cfg).unwrap_or_else(|e| panic!("{spec:?} {cfg:?}: {e}"))
+}
+
+/// Every collective, both regimes, both staging sides, both AllReduce algorithms, on `world`
+/// ranks with `blocks` blocks per role: `(name, three back-to-back calls)`.
+fn scenario_set(world: u32, blocks: u32) -> Vec<(String, Vec<Vec<Plan>>)> {
+    let mut out = vec![];
+    for c in Collective::ALL {
+        for regime in [Regime::Latency, Regime::Throughput] {
+            for side in [StagingSide::Own, StagingSide::Peer] {
+                if regime == Regime::Latency && side == StagingSide::Peer {
+                    continue; // the staging side does not exist in the latency regime
+                }
+                let algos: &[AllReduceAlgo] = if c == Collective::AllReduce {
+                    &[AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot]
+                } else {
+                    &[AllReduceAlgo::Auto]
+                };
+                for &allreduce in algos {
+                    let cfg = PlanConfig { allreduce, ..small(regime, side, blocks) };
+                    let spec = spec_of(c, world, DataType::U8, 80 * blocks as u64, vec![80, 0, 17, 50, 3, 0, 0, 64, 9]);
+                    let p = plans(&spec, &cfg);
+                    out.push((
+                        format!("{c:?} w{world} b{blocks} {regime:?} {side:?} {allreduce:?}"),
+                        vec![p.clone(), p.clone(), p],
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Verifies every scenario of the given sets exhaustively; returns (scenarios, states).
+fn exhaustive_sets(sets: &[(u32, u32)], max_states: u64, reduction: Reduction) -> (usize, u64) {
+    let (mut states, mut runs) = (0u64, 0);
+    for &(world, blocks) in sets {
+        let t = Instant::now();
+        let mut set_states = 0;
+        for (what, calls) in scenario_set(world, blocks) {
+            let r = verify(
+                &calls,
+                &Options { max_states, mode: verify::Mode::Exhaustive, reduction, ..Options::default() },
+            );
+            match (&r.result, r.coverage) {
+                (Ok(()), Coverage::Exhaustive { states: s }) => set_states += s,
+                (Err(v), cov) => panic!("{what}: {cov}: {v}"),
+                (Ok(()), cov) => panic!("{what}: not exhaustive: {cov}"),
+            }
+            runs += 1;
+        }
+        println!("  world {world}, {blocks} blocks per role: exhaustive, {set_states} states, {:.2?}", t.elapsed());
+        states += set_states;
+    }
+    (runs, states)
 }
 
 fn must_verify(calls: &[Vec<Plan>], what: &str) -> Coverage {
@@ -39,48 +93,96 @@ fn must_verify(calls: &[Vec<Plan>], what: &str) -> Coverage {
     r.coverage
 }
 
-/// The exhaustive CI set: every collective, both regimes, both staging sides, both AllReduce
-/// algorithms; world 2 with 1 and 2 blocks per role, world 3 with 1; three back-to-back calls.
+/// The exhaustive CI set, defined by its budget (DESIGN.md §3.5: at most 10^7 states and 60 s
+/// in total in a debug build): every collective, both regimes, both staging sides, both
+/// AllReduce algorithms, three back-to-back calls, on world 2 and 3 with 1 and 2 blocks per
+/// role and world 4 with 1. Larger sets: `full_set` (`cargo xtask verify --full`).
 #[test]
 fn ci_set_is_exhaustive_within_budget() {
     let t0 = Instant::now();
-    let (mut states, mut runs) = (0u64, 0);
-    for (world, blocks) in [(2u32, 1u32), (2, 2), (3, 1)] {
-        for c in Collective::ALL {
-            for regime in [Regime::Latency, Regime::Throughput] {
-                for side in [StagingSide::Own, StagingSide::Peer] {
-                    if regime == Regime::Latency && side == StagingSide::Peer {
-                        continue; // the staging side does not exist in the latency regime
-                    }
-                    let algos: &[AllReduceAlgo] = if c == Collective::AllReduce {
-                        &[AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot]
-                    } else {
-                        &[AllReduceAlgo::Auto]
-                    };
-                    for &allreduce in algos {
-                        let cfg = PlanConfig { allreduce, ..small(regime, side, blocks) };
-                        let spec =
-                            spec_of(c, world, DataType::U8, 80 * blocks as u64, vec![80, 0, 17, 50, 3, 0, 0, 64, 9]);
-                        let p = plans(&spec, &cfg);
-                        let what = format!("{c:?} w{world} b{blocks} {regime:?} {side:?} {allreduce:?}");
-                        let r = verify(
-                            &[p.clone(), p.clone(), p],
-                            &Options { max_states: 200_000, mode: verify::Mode::Exhaustive, ..Options::default() },
-                        );
-                        match (&r.result, r.coverage) {
-                            (Ok(()), Coverage::Exhaustive { states: s }) => states += s,
-                            (Err(v), cov) => panic!("{what}: {cov}: {v}"),
-                            (Ok(()), cov) => panic!("{what}: not exhaustive: {cov}"),
-                        }
-                        runs += 1;
-                    }
-                }
-            }
-        }
-    }
+    let (runs, states) = exhaustive_sets(&[(2, 1), (2, 2), (3, 1), (3, 2), (4, 1)], 2_000_000, Reduction::Reach);
     let dt = t0.elapsed();
     println!("CI set: {runs} scenarios, exhaustive, {states} states in total, {dt:.2?}");
-    assert!(states <= 10_000_000);
+    assert!(states <= 10_000_000, "{states} states: over the CI budget");
+    assert!(dt.as_secs() <= 60, "{dt:?}: over the CI budget");
+}
+
+/// The reach-bounded reduction against the previous, footprint-only one on the former CI set
+/// (world 2 with 1 and 2 blocks, world 3 with 1): how many states each explores.
+/// `cargo test -p purlin-snac --test verify -- --ignored reductions_compared --nocapture`.
+#[test]
+#[ignore]
+fn reductions_compared() {
+    for red in [Reduction::Reach, Reduction::Footprint] {
+        let t0 = Instant::now();
+        let (runs, states) = exhaustive_sets(&[(2, 1), (2, 2), (3, 1)], 50_000_000, red);
+        println!("{red:?}: {runs} scenarios, {states} states, {:.2?}", t0.elapsed());
+    }
+}
+
+/// The reductions are sound where it can be checked by brute force: on every mutant of small
+/// plans, the reach-bounded reduction accepts exactly when the unreduced search (every order of
+/// synchronization steps) accepts.
+#[test]
+fn reduction_agrees_with_the_unreduced_search_on_mutants() {
+    let cases: Vec<(CollectiveSpec, PlanConfig)> = vec![
+        (
+            CollectiveSpec::all_reduce(2, DataType::U8, ReduceOp::Sum, 80),
+            small(Regime::Throughput, StagingSide::Own, 1),
+        ),
+        (CollectiveSpec::all_gather(2, DataType::U8, 80), small(Regime::Throughput, StagingSide::Peer, 2)),
+        (CollectiveSpec::all_to_all(2, DataType::U8, 80), small(Regime::Throughput, StagingSide::Own, 1)),
+        (
+            CollectiveSpec::reduce_scatter(2, DataType::U8, ReduceOp::Sum, 80),
+            small(Regime::Throughput, StagingSide::Peer, 1),
+        ),
+        (
+            CollectiveSpec::all_reduce(2, DataType::U8, ReduceOp::Sum, 48),
+            PlanConfig { allreduce: AllReduceAlgo::TwoShot, ..small(Regime::Latency, StagingSide::Own, 1) },
+        ),
+        (
+            CollectiveSpec::all_to_all_v(2, DataType::U8, vec![vec![0, 40], vec![0, 0]]),
+            small(Regime::Throughput, StagingSide::Own, 1),
+        ),
+        (
+            CollectiveSpec::reduce_scatter_v(2, DataType::U8, ReduceOp::Sum, vec![40, 0]),
+            small(Regime::Latency, StagingSide::Own, 1),
+        ),
+    ];
+    let (mut compared, mut skipped) = (0, 0);
+    for (spec, cfg) in &cases {
+        let p = plans(spec, cfg);
+        let mut variants = vec![p.clone()];
+        for m in Mutation::ALL {
+            for site in mutate::sites(&p, m) {
+                variants.push(mutate::apply(&p, m, site));
+            }
+        }
+        for v in variants {
+            let calls = [v.clone(), v.clone(), v];
+            let run = |reduction, max_states| {
+                verify(&calls, &Options { max_states, mode: verify::Mode::Exhaustive, reduction, ..Options::default() })
+            };
+            let off = run(Reduction::Off, 300_000);
+            if off.result.as_ref().is_err_and(|v| v.message.contains("state budget")) {
+                skipped += 1;
+                continue;
+            }
+            let reach = run(Reduction::Reach, 300_000);
+            assert_eq!(
+                reach.ok(),
+                off.ok(),
+                "{} w{}: reach says {:?}, unreduced says {:?}",
+                spec.collective.name(),
+                spec.world,
+                reach.result.err().map(|v| v.to_string()),
+                off.result.err().map(|v| v.to_string())
+            );
+            compared += 1;
+        }
+    }
+    println!("reach vs unreduced: {compared} plans agree, {skipped} over the unreduced budget");
+    assert!(compared >= 100);
 }
 
 use purlin_snac::verify;
@@ -306,9 +408,7 @@ proptest! {
     fn derived_plans_verify(spec in spec(2..=3), regime in prop_oneof![Just(Regime::Latency), Just(Regime::Throughput)],
                             side in prop_oneof![Just(StagingSide::Own), Just(StagingSide::Peer)], in_place in any::<bool>()) {
         let cfg = PlanConfig { in_place, ..small(regime, side, 1) };
-        let spec = twin_spec(&spec, cfg.chunk_bytes, cfg.slots as u64);
-        // Keep the model small: cap every count.
-        let spec = twin_spec(&spec, 32, 1);
+        // Full-size plans: `verify` checks them through their twin.
         if let Ok(p) = derive(&spec, &cfg) {
             let r = verify(&[p.clone(), p.clone(), p], &Options { max_states: 20_000, schedules: 20, ..Options::default() });
             if let Err(v) = r.result {
@@ -318,34 +418,12 @@ proptest! {
     }
 }
 
-/// The larger exhaustive set (world 4 with 1 block per role, world 3 with 2): run with
-/// `cargo test -p purlin-snac --release --test verify -- --ignored`.
+/// The larger exhaustive set, beyond the CI budget: world 4 with 2 blocks per role, world 5
+/// and 6 with 1, world 3 with 3. `cargo xtask verify --full`.
 #[test]
 #[ignore]
 fn full_set() {
     let t0 = Instant::now();
-    let mut states = 0;
-    for (world, blocks) in [(4u32, 1u32), (3, 2)] {
-        for c in Collective::ALL {
-            for regime in [Regime::Latency, Regime::Throughput] {
-                for side in [StagingSide::Own, StagingSide::Peer] {
-                    let cfg = small(regime, side, blocks);
-                    let p = plans(
-                        &spec_of(c, world, DataType::U8, 80 * blocks as u64, vec![80, 0, 17, 50, 3, 0, 0, 64, 9]),
-                        &cfg,
-                    );
-                    let r =
-                        verify(&[p.clone(), p.clone(), p], &Options { max_states: 2_000_000, ..Options::default() });
-                    if let Err(v) = &r.result {
-                        panic!("{c:?} w{world} b{blocks} {regime:?} {side:?}: {v}");
-                    }
-                    if let Coverage::Exhaustive { states: s } = r.coverage {
-                        states += s;
-                    }
-                    println!("{c:?} w{world} b{blocks} {regime:?} {side:?}: {}", r.coverage);
-                }
-            }
-        }
-    }
-    println!("full set: {states} exhaustive states, {:.2?}", t0.elapsed());
+    let (runs, states) = exhaustive_sets(&[(4, 2), (5, 1), (6, 1), (3, 3)], 20_000_000, Reduction::Reach);
+    println!("full set: {runs} scenarios, exhaustive, {states} states in total, {:.2?}", t0.elapsed());
 }

@@ -22,21 +22,37 @@
 //! steps is explored. That is the partial-order reduction; states are also cached by
 //! fingerprint (128 bits).
 //!
-//! A synchronization step is also taken eagerly when it commutes with everything every
-//! process that can run concurrently with it may still do (its accesses — counter, flag
-//! stores, window bytes, handshake cells — against the remaining static footprint of the
-//! others). Blocks of one rank in different calls never run concurrently (stream order), nor
-//! blocks two calls apart (the all-pairs property, checked on every path, rules it out).
-//! Arrivals of one round on one counter commute when they would issue the same
-//! notifications: the model lets every arrival release into the counter and the last one
-//! publish the union, without the arrivers acquiring from the counter (weaker than the
-//! executor's acq_rel, so it can only report more races, never fewer).
+//! A synchronization step is also taken eagerly when `{step}` is a persistent set: it
+//! commutes with everything the other processes can do *before* it ([`Reduction::Reach`]; the
+//! argument is on `Model::independent`). What they can do is bounded by a reach analysis:
+//! each process runs until its first unsatisfied wait, and passes it only if a process that
+//! can itself run first may make the store it waits for (an arrival notifies only if the
+//! arrivals that can happen complete its counter's round). Blocks of one rank in different
+//! calls never run concurrently (stream order), nor blocks two calls apart (the all-pairs
+//! property, checked on every path, rules it out). Arrivals of one round on one counter
+//! commute when they would issue the same notifications: the model lets every arrival release
+//! into the counter and the last one publish the union, without the arrivers acquiring from
+//! the counter (weaker than the executor's acq_rel, so it can only report more races, never
+//! fewer). The state graph is acyclic (every step advances a program counter or a call), so
+//! persistent sets with state caching need no cycle proviso; violations are properties of a
+//! step and the state it reads, which commuting independent steps leaves unchanged, so every
+//! violating path has an equivalent explored one. `tests/verify.rs` checks the reduction
+//! against the unreduced search ([`Reduction::Off`]) on every mutant of small plans.
+//!
+//! Symmetry reduction over the blocks of a role is not used, because it would not be sound
+//! here. Blocks of a role differ in their slices, and permuting two of them is an automorphism
+//! of the model only together with a renaming of the bytes they move, applied to every role
+//! on every rank at once. That renaming does not exist when the last chunk is partial (slice 0
+//! has bytes, slice 1 none), which is the case in most plans. The reduction above removes the
+//! interleavings such a symmetry would have merged, and more: on the former CI set (world 2
+//! with 1 and 2 blocks, world 3 with 1) it explores 9,264 states against 161,994 for the
+//! footprint-only reduction ([`Reduction::Footprint`]), and world 3 with 2 blocks, which did
+//! not finish in 300 s, takes milliseconds.
 //!
 //! Limits, stated: packet reads synchronize with the put they read (the data travels in the
 //! packet; plans must not rely on packets to publish *other* data, which the executor's
-//! relaxed packet stores would not); symmetry reduction over the blocks of a role is not
-//! implemented (their slices differ, so they are not symmetric without renaming data); when
-//! the exhaustive budget is exceeded, [`Mode::Auto`] falls back to sampling and says so.
+//! relaxed packet stores would not); when the exhaustive budget is exceeded, [`Mode::Auto`]
+//! falls back to sampling and says so.
 //!
 //! # Properties
 //!
@@ -51,18 +67,15 @@
 //!
 //! # Chunk cutoff
 //!
-//! [`twin_spec`] caps every partition of a spec at `(slots + 2)` chunks; plans of the twin
-//! have the same steps as the original's with shorter loops. Why that covers chunk-uniform
-//! plans: every step's offsets, indices and epoch values are affine in `c` (slot indices
-//! modulo `slots`), so chunk `c` and chunk `c + slots` touch the same slot, flag and counter
-//! words with values one lap apart. The protocol's interactions between chunks only reach
-//! back one lap (the drain of `c - slots` before the write of `c`), so every pattern of
-//! interaction — first use of a slot (c < slots), the first reuse (c = slots), a reuse after a
-//! reuse (c = slots + 1), and the partial last chunk — appears in the twin; a longer loop
-//! repeats the states of laps already explored with the epoch shifted.
+//! [`verify`] explores the *twin* of the plans: chunk loops longer than `slots + 2` trips are
+//! cut to `slots + 2`, keeping each step's partial last chunk. The construction and the
+//! argument why it covers chunk-uniform plans are in [`twin`]; static checks see the original
+//! plans, and [`Report::cutoff`] says when the twin was used. [`twin_spec`] does the same on
+//! a spec, for callers that want to derive smaller plans in the first place.
 
 pub mod mem;
 pub mod mutate;
+pub mod twin;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -174,6 +187,21 @@ pub enum Mode {
     Sampled,
 }
 
+/// Which partial-order reduction the exhaustive search uses for synchronization steps (data
+/// steps and satisfied waits are always taken eagerly; see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// A step is taken without branching when it commutes with everything the other processes
+    /// can do before it, bounded by a reach analysis of their blocking waits (the default).
+    #[default]
+    Reach,
+    /// ... when it commutes with everything the other processes may still do at all (their
+    /// remaining static footprint). The earlier, weaker reduction; kept to measure against.
+    Footprint,
+    /// Every order of enabled synchronization steps is explored (the oracle for the others).
+    Off,
+}
+
 /// Verifier options.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
@@ -183,11 +211,19 @@ pub struct Options {
     pub schedules: u64,
     pub seed: u64,
     pub mode: Mode,
+    pub reduction: Reduction,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { max_coresident_blocks: None, max_states: 200_000, schedules: 200, seed: 1, mode: Mode::Auto }
+        Options {
+            max_coresident_blocks: None,
+            max_states: 200_000,
+            schedules: 200,
+            seed: 1,
+            mode: Mode::Auto,
+            reduction: Reduction::Reach,
+        }
     }
 }
 
@@ -197,6 +233,9 @@ pub struct Report {
     pub coverage: Coverage,
     pub result: Result<(), Violation>,
     pub elapsed: Duration,
+    /// The chunk cutoff `T = slots + 2` when some loop was longer and the twin was explored
+    /// (see [`twin`]).
+    pub cutoff: Option<u64>,
 }
 
 impl Report {
@@ -254,15 +293,25 @@ pub fn verify_call(plans: &[Plan], opts: &Options) -> Report {
 pub fn verify(calls: &[Vec<Plan>], opts: &Options) -> Report {
     let t0 = Instant::now();
     if let Err(v) = static_checks(calls, opts) {
-        return Report { coverage: Coverage::Static, result: Err(v), elapsed: t0.elapsed() };
+        return Report { coverage: Coverage::Static, result: Err(v), elapsed: t0.elapsed(), cutoff: None };
     }
-    let calls = calls.to_vec();
+    // The chunk cutoff, here rather than in callers: static checks above saw the originals.
+    let tw = twin::twin(calls, &senses(calls));
+    let cutoff = tw.cutoff;
     let opts = *opts;
     // Deep interleavings recurse deeply: explore on a thread with a large stack.
     let h = std::thread::Builder::new().stack_size(256 << 20).spawn(move || {
-        let m = Model::new(&calls);
+        let mut m = Model::new(&tw.calls);
+        m.skip = tw.skip;
         let exhaustive = || {
-            let mut x = Explorer { m: &m, seen: HashSet::new(), states: 0, max: opts.max_states, trace: vec![] };
+            let mut x = Explorer {
+                m: &m,
+                seen: HashSet::new(),
+                states: 0,
+                max: opts.max_states,
+                trace: vec![],
+                red: opts.reduction,
+            };
             let r = x.dfs(m.init());
             (r, x.states)
         };
@@ -295,7 +344,23 @@ pub fn verify(calls: &[Vec<Plan>], opts: &Options) -> Report {
             Err(Violation { property: Property::Structure, message: "verifier thread failed".into(), trace: vec![] }),
         ),
     };
-    Report { coverage, result, elapsed: t0.elapsed() }
+    Report { coverage, result, elapsed: t0.elapsed(), cutoff }
+}
+
+/// The sense of each call: epochs start at 0 and each call advances them uniformly (or a
+/// uniform-advance violation is reported when the call ends, before the next one starts).
+/// Agreed advances are odd.
+fn senses(calls: &[Vec<Plan>]) -> Vec<u64> {
+    let mut sense = vec![0u64; calls.len()];
+    for k in 1..calls.len() {
+        let a = match calls[k - 1].first().map(|p| (p.advance, p.blocks.is_empty())) {
+            Some((Advance::Fixed(a), _)) => a,
+            Some((Advance::AgreedMaxChunks { .. }, false)) => 1,
+            _ => 0,
+        };
+        sense[k] = sense[k - 1] ^ (a & 1);
+    }
+    sense
 }
 
 fn viol(property: Property, message: String) -> Violation {
@@ -529,6 +594,77 @@ impl Obj {
 /// A position in a program, ordered: `(top-level step, chunk, body step)`.
 type Pos = (u32, u64, u32);
 
+/// What a step waits for before it can run (for the reach analysis of [`Model::independent`]).
+#[derive(Debug, Clone)]
+enum Blk {
+    Wait { idx: u32, val: EpochVal, c: u64 },
+    Packets { locs: Vec<(usize, usize, u64, u64)>, val: EpochVal, c: u64 },
+    Hs { key: (u32, u64), val: EpochVal },
+}
+
+/// A store a step makes that can unblock another process.
+#[derive(Debug, Clone)]
+enum Sto {
+    Flag {
+        rank: usize,
+        idx: u32,
+        val: EpochVal,
+        c: u64,
+    },
+    /// The notifications happen only if the counter completes a round.
+    Arrive {
+        rank: usize,
+        ctr: u32,
+        arrivals: u32,
+        then: Vec<(usize, u32, EpochVal)>,
+        c: u64,
+    },
+    Put {
+        rank: usize,
+        a: u64,
+        b: u64,
+    },
+    Hs {
+        key: (u32, u64),
+    },
+}
+
+/// One step instance of a flattened program (guards applied, loops unrolled).
+#[derive(Debug, Clone)]
+struct Inst {
+    pos: Pos,
+    foot: Vec<(Obj, bool)>,
+    blk: Option<Blk>,
+    sto: Vec<Sto>,
+}
+
+/// Programs longer than this (in step instances) are not flattened; the independence check
+/// then falls back to the static footprints.
+const MAX_FLAT: usize = 1 << 14;
+
+/// Arrivals that may happen on one counter: how many, the smallest round size, the
+/// notifications they would issue, and whether a round may complete.
+type Round = (u64, u32, Vec<(usize, u32, u64)>, bool);
+
+/// What the processes that can run before a given step may store (see [`Model::independent`]).
+#[derive(Default)]
+struct Avail {
+    /// `(rank, flag word)`: the largest value some store may bring (`u64::MAX`: unknown).
+    flags: std::collections::HashMap<(usize, u32), u64>,
+    /// `(rank, counter)`: arrivals that may happen, the smallest round size, and the
+    /// notifications waiting for a completed round.
+    ctrs: std::collections::HashMap<(usize, u32), Round>,
+    puts: Vec<(usize, u64, u64)>,
+    hs: HashSet<(u32, u64)>,
+}
+
+impl Avail {
+    fn flag(&mut self, rank: usize, idx: u32, v: u64) {
+        let x = self.flags.entry((rank, idx)).or_insert(0);
+        *x = (*x).max(v);
+    }
+}
+
 struct Model<'a> {
     calls: &'a [Vec<Plan>],
     /// Per process: every synchronization access it can make, `(object, is_write, last
@@ -542,6 +678,11 @@ struct Model<'a> {
     nclock: usize,
     maxoff: Vec<Vec<i128>>,
     sense: Vec<u64>,
+    /// Per process: its flattened program, when short enough.
+    prog: Option<Vec<Vec<Inst>>>,
+    /// `[call][rank]`: output bytes the semantic check skips (written only in chunks the
+    /// twin drops).
+    skip: Vec<Vec<Vec<(u64, u64)>>>,
 }
 
 fn join(a: &mut Vc, b: &[u32]) {
@@ -574,21 +715,82 @@ impl<'a> Model<'a> {
         }
         let nclock = who.len() + world;
         let maxoff = calls.iter().map(|ps| ps.iter().map(max_epoch_offset).collect()).collect();
-        // The sense of each call: epochs start at 0 and each call advances them uniformly (or
-        // a uniform-advance violation is reported when the call ends, before the next one
-        // starts). Agreed advances are odd.
-        let mut sense = vec![0u64; calls.len()];
-        for k in 1..calls.len() {
-            let a = match calls[k - 1].first().map(|p| (p.advance, p.blocks.is_empty())) {
-                Some((Advance::Fixed(a), _)) => a,
-                Some((Advance::AgreedMaxChunks { .. }, false)) => 1,
-                _ => 0,
-            };
-            sense[k] = sense[k - 1] ^ (a & 1);
-        }
-        let mut m = Model { calls, foot: vec![], world, base, who, nclock, maxoff, sense };
+        let sense = senses(calls);
+        let skip = calls.iter().map(|ps| vec![vec![]; ps.len()]).collect();
+        let mut m = Model { calls, foot: vec![], world, base, who, nclock, maxoff, sense, prog: None, skip };
         m.foot = (0..m.who.len()).map(|pid| m.static_footprint(pid)).collect();
+        m.prog = (0..m.who.len()).map(|pid| m.flatten(pid)).collect();
         m
+    }
+
+    /// Process `pid`'s program as step instances in execution order, `None` if too long.
+    fn flatten(&self, pid: usize) -> Option<Vec<Inst>> {
+        let (k, r, b) = self.who[pid];
+        let e = self.sense[k];
+        let mut out = vec![];
+        for (i, s) in self.plan(k, r).blocks[b].steps.iter().enumerate() {
+            match s {
+                Step::ChunkLoop { trips, body } => {
+                    if trips.saturating_mul(body.len() as u64) > MAX_FLAT as u64 {
+                        return None;
+                    }
+                    for c in 0..*trips {
+                        for (j, t) in body.iter().enumerate() {
+                            if t.guard().admits(c) {
+                                out.push(self.inst(pid, (i as u32, c, j as u32), t, e));
+                            }
+                        }
+                    }
+                }
+                s if s.guard().admits(0) => out.push(self.inst(pid, (i as u32, 0, 0), s, e)),
+                _ => {}
+            }
+            if out.len() > MAX_FLAT {
+                return None;
+            }
+        }
+        Some(out)
+    }
+
+    fn inst(&self, pid: usize, pos: Pos, s: &Step, e: u64) -> Inst {
+        let c = pos.1;
+        let r = self.who[pid].1;
+        let wins = |srcs: &[&Region], n: u64| -> Vec<(usize, usize, u64, u64)> {
+            srcs.iter().filter(|x| matches!(x.space, Space::Window(_))).map(|x| self.loc(pid, x, n, c, e)).collect()
+        };
+        let blk = match s {
+            Step::Wait { flag, value, .. } => Some(Blk::Wait { idx: flag.at(c), val: *value, c }),
+            Step::Gather { src, len, expect: Some(v), .. } => {
+                Some(Blk::Packets { locs: wins(&[src], len.at(c)), val: *v, c })
+            }
+            Step::Reduce { srcs, len, expect: Some(v), .. } => {
+                let refs: Vec<&Region> = srcs.iter().collect();
+                Some(Blk::Packets { locs: wins(&refs, len.at(c)), val: *v, c })
+            }
+            Step::HandshakeWait { src, expect, .. } => {
+                Some(Blk::Hs { key: (r as u32, src.at(0, e & 1)), val: *expect })
+            }
+            _ => None,
+        };
+        let sto = match s {
+            Step::Signal { notify: n, .. } => {
+                vec![Sto::Flag { rank: n.peer as usize, idx: n.flag.at(c), val: n.value, c }]
+            }
+            Step::Arrive { counter, arrivals, then, .. } => vec![Sto::Arrive {
+                rank: r,
+                ctr: counter.at(c),
+                arrivals: *arrivals,
+                then: then.iter().map(|n| (n.peer as usize, n.flag.at(c), n.value)).collect(),
+                c,
+            }],
+            Step::PutPackets { dst, len, .. } => {
+                let (q, _, a, b) = self.loc(pid, dst, len.at(c), c, e);
+                if a < b { vec![Sto::Put { rank: q, a, b }] } else { vec![] }
+            }
+            Step::HandshakeSend { peer, dst, .. } => vec![Sto::Hs { key: (*peer, dst.at(0, e & 1)) }],
+            _ => vec![],
+        };
+        Inst { pos, foot: self.footprint_at(pid, s, c, e), blk, sto }
     }
 
     /// Every synchronization access process `pid` can make, over all chunks and both senses,
@@ -679,27 +881,168 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// Whether process `pid`'s enabled synchronization step commutes with everything every
-    /// process that can run concurrently with it may still do.
-    fn independent(&self, st: &mut St, pid: usize) -> bool {
+    /// Whether process `pid`'s enabled synchronization step `A` commutes with everything the
+    /// other processes can do before `A` runs, so `{A}` is a persistent set and `A` may be
+    /// taken without branching.
+    ///
+    /// What others can do before `A` is over-approximated by a reach analysis (a stubborn-set
+    /// construction over blocked processes): each other process runs from its position until
+    /// its first step that waits (a `Wait`, a packet read, a handshake wait) and is not
+    /// satisfied in this state; it gets past that step only if some process that can itself
+    /// run before `A` may make the store it waits for (a signal to that flag word, an arrival
+    /// that can complete its counter's round given the arrivals that can happen, a put
+    /// overlapping the packets, a handshake send to the cell). `pid` itself makes no store
+    /// before `A`. A call starts on a rank only when every block of the previous call there
+    /// can reach its exit. Values are compared where the storer's epoch is known, else any
+    /// store counts; processes not yet launched are assumed to pass every wait. Iterated to a
+    /// fixpoint, this bounds every sequence of steps that can run from this state without `A`
+    /// (by induction on the sequence: a step past a blocking wait needs a store made earlier
+    /// in it). `A` is independent when no step in those ranges touches what `A` touches
+    /// (counter, flag words, window bytes, handshake cells; one of them a write). Blocks of
+    /// one rank in different calls never run concurrently (stream order), nor blocks two calls
+    /// apart (every call ties every pair of ranks, which the all-pairs check verifies on every
+    /// explored path).
+    fn independent(&self, st: &mut St, pid: usize, red: Reduction) -> bool {
         let Some((s, c)) = self.current(st, pid) else { return true };
         let e = st.ps[pid].e;
         let mine = self.footprint_at(pid, s, c, e);
+        if mine.is_empty() {
+            return true;
+        }
         let (k, r, _) = self.who[pid];
-        (0..self.who.len()).filter(|&q| q != pid && st.ps[q].st != 2).all(|q| {
+        let n = self.who.len();
+        let conc = |q: usize| {
             let (kq, rq, _) = self.who[q];
-            // Blocks of one rank in different calls never run concurrently (stream order), and
-            // blocks two calls apart neither: every call ties every pair of ranks, which the
-            // all-pairs check verifies on every explored path.
-            if (rq == r && kq != k) || kq.abs_diff(k) >= 2 {
-                return true;
+            q != pid && !((rq == r && kq != k) || kq.abs_diff(k) >= 2)
+        };
+        let clash =
+            |foot: &[(Obj, bool)]| mine.iter().any(|(o, w)| foot.iter().any(|(x, xw)| (*w || *xw) && o.overlaps(x)));
+        let prog = match (&self.prog, red) {
+            (Some(p), Reduction::Reach) => p,
+            _ => {
+                // Static footprints: everything a process may still do.
+                return (0..n).filter(|&q| conc(q) && st.ps[q].st != 2).all(|q| {
+                    let ps = &st.ps[q];
+                    let pos = (ps.top, ps.c, ps.body);
+                    !mine.iter().any(|(o, w)| {
+                        self.foot[q].iter().any(|(x, xw, last)| *last >= pos && (*w || *xw) && o.overlaps(x))
+                    })
+                });
             }
-            let ps = &st.ps[q];
-            let pos = (ps.top, ps.c, ps.body);
-            !mine
-                .iter()
-                .any(|(o, w)| self.foot[q].iter().any(|(x, xw, last)| *last >= pos && (*w || *xw) && o.overlaps(x)))
-        })
+        };
+        const NO: usize = usize::MAX;
+        let mut cur = vec![NO; n];
+        let mut reach = vec![0usize; n];
+        for q in 0..n {
+            if !conc(q) || st.ps[q].st != 1 {
+                continue;
+            }
+            let i = match self.current(st, q) {
+                None => prog[q].len(),
+                Some(_) => {
+                    let ps = &st.ps[q];
+                    let pos = (ps.top, ps.c, ps.body);
+                    prog[q].partition_point(|x| x.pos < pos)
+                }
+            };
+            cur[q] = i;
+            reach[q] = i;
+        }
+        let mut av = Avail::default();
+        loop {
+            let mut changed = false;
+            for q in 0..n {
+                if cur[q] == NO {
+                    continue;
+                }
+                let launched = st.ps[q].st == 1;
+                let eq = st.ps[q].e;
+                while let Some(inst) = prog[q].get(reach[q]) {
+                    if launched && !self.passable(st, q, eq, inst, &av) {
+                        break;
+                    }
+                    for x in &inst.sto {
+                        self.add_store(st, &mut av, x, launched.then_some(eq));
+                    }
+                    reach[q] += 1;
+                    changed = true;
+                }
+            }
+            // Calls that can start: every block of the rank's previous call can exit.
+            for q in 0..n {
+                if cur[q] != NO || st.ps[q].st != 0 || !conc(q) {
+                    continue;
+                }
+                let (kq, rq, _) = self.who[q];
+                let Some(kp) = kq.checked_sub(1) else { continue };
+                let b0 = self.base[kp][rq];
+                let g = self.plan(kp, rq).blocks.len();
+                if (b0..b0 + g).all(|x| x != pid && (st.ps[x].st == 2 || (cur[x] != NO && reach[x] == prog[x].len()))) {
+                    cur[q] = 0;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        !(0..n).any(|q| cur[q] != NO && prog[q][cur[q]..reach[q]].iter().any(|i| clash(&i.foot)))
+    }
+
+    /// Whether a launched process `q` (epoch `e`) may get past step `inst`: it does not wait, or
+    /// what it waits for holds now or may be stored by the processes of `av`.
+    fn passable(&self, st: &St, q: usize, e: u64, inst: &Inst, av: &Avail) -> bool {
+        let r = self.who[q].1;
+        match &inst.blk {
+            None => true,
+            Some(Blk::Wait { idx, val, c }) => {
+                let v = eval(val, e, *c);
+                st.flags[r].get(*idx as usize).is_some_and(|h| h.iter().any(|(x, _)| *x >= v))
+                    || av.flags.get(&(r, *idx)).is_some_and(|&x| x >= v)
+            }
+            Some(Blk::Packets { locs, val, c }) => {
+                let v = eval(val, e, *c);
+                locs.iter().all(|&l| {
+                    Self::packets_ready(st, l, v)
+                        || av.puts.iter().any(|&(q2, a, b)| q2 == l.0 && l.1 == 3 && a < l.3 && l.2 < b)
+                })
+            }
+            Some(Blk::Hs { key, val }) => {
+                st.hs.get(key).is_some_and(|cell| cell.flag == eval(val, e, 0)) || av.hs.contains(key)
+            }
+        }
+    }
+
+    /// Records a store that may happen before the step under test (`e`: the storer's epoch,
+    /// `None` when not yet known).
+    fn add_store(&self, st: &St, av: &mut Avail, x: &Sto, e: Option<u64>) {
+        let val = |v: &EpochVal, c: u64| e.map_or(u64::MAX, |e| eval(v, e, c));
+        match x {
+            Sto::Flag { rank, idx, val: v, c } => av.flag(*rank, *idx, val(v, *c)),
+            Sto::Arrive { rank, ctr, arrivals, then, c } => {
+                let (rank, key) = (*rank, (*rank, *ctr));
+                let now = st.ctrs.get(rank).and_then(|v| v.get(key.1 as usize)).map_or(0, |x| x.0);
+                let ent = av.ctrs.entry(key).or_insert((0, u32::MAX, vec![], false));
+                ent.0 += 1;
+                ent.1 = ent.1.min(*arrivals);
+                for (p, f, v) in then {
+                    ent.2.push((*p, *f, val(v, *c)));
+                }
+                if now + ent.0 >= ent.1 as u64 {
+                    ent.3 = true;
+                }
+                if ent.3 {
+                    let out = std::mem::take(&mut ent.2);
+                    for (p, f, v) in out {
+                        av.flag(p, f, v);
+                    }
+                }
+            }
+            Sto::Put { rank, a, b } => av.puts.push((*rank, *a, *b)),
+            Sto::Hs { key } => {
+                av.hs.insert(*key);
+            }
+        }
     }
 
     fn plan(&self, k: usize, r: usize) -> &Plan {
@@ -1029,13 +1372,14 @@ impl<'a> Model<'a> {
     }
 
     /// Takes process `pid`'s current step (or its exit).
-    fn fire(&self, st: &mut St, pid: usize, trace: &mut Vec<String>) -> Result<(), Violation> {
-        let (k, r, b) = self.who[pid];
+    fn fire(&self, st: &mut St, pid: usize, trace: &mut Vec<Ev>) -> Result<(), Violation> {
+        let (k, r, _) = self.who[pid];
         let Some((s, c)) = self.current(st, pid) else {
-            trace.push(format!("call {k} rank {r} block {b}: exit"));
+            trace.push(Ev::Exit(pid as u32));
             return self.exit(st, pid);
         };
-        trace.push(self.label(pid, s, c));
+        let ps = &st.ps[pid];
+        trace.push(Ev::Step { pid: pid as u32, top: ps.top, body: ps.body, c });
         let e = st.ps[pid].e;
         match s {
             Step::ChunkLoop { .. } => {}
@@ -1115,7 +1459,7 @@ impl<'a> Model<'a> {
                     for n in then {
                         st.flags[n.peer as usize][n.flag.at(c) as usize].push((eval(&n.value, e, c), snap.clone()));
                     }
-                    trace.push(format!("  (last arrival: notifies {} flags)", then.len()));
+                    trace.push(Ev::Notifies(then.len() as u32));
                 }
             }
             Step::HandshakeSend { peer, dst, flag } => {
@@ -1242,8 +1586,15 @@ impl<'a> Model<'a> {
             _ => (1, 0),
         };
         let m = &st.mem[r][sp];
+        let skip = &self.skip[k][r];
         for seg in spec.segments(r as u32) {
-            for (x, y, t) in m.read_terms(seg.out_offset + shift, seg.out_offset + shift + seg.len) {
+            let keep = twin::minus(&[(seg.out_offset, seg.out_offset + seg.len)], skip);
+            let pieces = keep.iter().flat_map(|&(a, b)| {
+                m.read_terms(a + shift, b + shift)
+                    .into_iter()
+                    .map(move |(x, y, t)| (a - seg.out_offset + x, a - seg.out_offset + y, t))
+            });
+            for (x, y, t) in pieces {
                 let want: Term = if spec.collective.consume_op() == ConsumeOp::Gather {
                     let (src, off) = seg.sources[0];
                     Term::In { call: k as u32, rank: src, base: off + x }
@@ -1282,15 +1633,18 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
-    /// Takes every eager step until none is left; returns the enabled non-eager ones.
-    fn closure(&self, st: &mut St, trace: &mut Vec<String>, por: bool) -> Result<Vec<Tr>, Violation> {
+    /// Takes every eager step until none is left; returns the enabled non-eager ones and the
+    /// number of steps taken.
+    fn closure(&self, st: &mut St, trace: &mut Vec<Ev>, red: Reduction) -> Result<(Vec<Tr>, u64), Violation> {
+        let mut fired = 0;
         loop {
             let mut progressed = false;
             let mut branching = vec![];
             for pid in 0..self.who.len() {
                 while let Some(eager) = self.status(st, pid) {
-                    if eager || (por && self.independent(st, pid)) {
+                    if eager || (red != Reduction::Off && self.independent(st, pid, red)) {
                         self.fire(st, pid, trace)?;
+                        fired += 1;
                         progressed = true;
                     } else {
                         branching.push(Tr { pid });
@@ -1299,9 +1653,36 @@ impl<'a> Model<'a> {
                 }
             }
             if !progressed {
-                return Ok(branching);
+                return Ok((branching, fired));
             }
         }
+    }
+
+    /// Attaches the rendered trace to a violation.
+    fn with_trace(&self, mut v: Violation, trace: &[Ev]) -> Violation {
+        v.trace = trace
+            .iter()
+            .map(|ev| match *ev {
+                Ev::Step { pid, top, body, c } => {
+                    let (k, r, b) = self.who[pid as usize];
+                    let steps = &self.plan(k, r).blocks[b].steps;
+                    match steps.get(top as usize) {
+                        Some(Step::ChunkLoop { body: bs, .. }) => match bs.get(body as usize) {
+                            Some(s) => self.label(pid as usize, s, c),
+                            None => format!("call {k} rank {r} block {b}: loop"),
+                        },
+                        Some(s) => self.label(pid as usize, s, c),
+                        None => format!("call {k} rank {r} block {b}: ?"),
+                    }
+                }
+                Ev::Exit(pid) => {
+                    let (k, r, b) = self.who[pid as usize];
+                    format!("call {k} rank {r} block {b}: exit")
+                }
+                Ev::Notifies(n) => format!("  (last arrival: notifies {n} flags)"),
+            })
+            .collect();
+        v
     }
 
     fn deadlock(&self, st: &mut St) -> Option<Violation> {
@@ -1330,17 +1711,18 @@ impl<'a> Model<'a> {
             let mut trace = vec![];
             let mut steps = 0u64;
             loop {
-                let en = self.closure(&mut st, &mut trace, false).map_err(|v| with_trace(v, &trace))?;
+                let (en, _) =
+                    self.closure(&mut st, &mut trace, Reduction::Off).map_err(|v| self.with_trace(v, &trace))?;
                 let Some(t) = en.iter().max_by_key(|t| prio[t.pid]) else {
                     if let Some(v) = self.deadlock(&mut st) {
-                        return Err(with_trace(v, &trace));
+                        return Err(self.with_trace(v, &trace));
                     }
                     break;
                 };
                 if changes.contains(&steps) {
                     prio[t.pid] = rng.next() % 1000;
                 }
-                self.fire(&mut st, t.pid, &mut trace).map_err(|v| with_trace(v, &trace))?;
+                self.fire(&mut st, t.pid, &mut trace).map_err(|v| self.with_trace(v, &trace))?;
                 steps += 1;
             }
         }
@@ -1348,9 +1730,13 @@ impl<'a> Model<'a> {
     }
 }
 
-fn with_trace(mut v: Violation, trace: &[String]) -> Violation {
-    v.trace = trace.to_vec();
-    v
+/// One trace entry, rendered only when a violation is reported: formatting every step of an
+/// exhaustive search cost more than the search itself.
+#[derive(Debug, Clone, Copy)]
+enum Ev {
+    Step { pid: u32, top: u32, body: u32, c: u64 },
+    Exit(u32),
+    Notifies(u32),
 }
 
 struct Rng(u64);
@@ -1369,18 +1755,23 @@ struct Explorer<'m, 'a> {
     seen: HashSet<(u64, u64)>,
     states: u64,
     max: u64,
-    trace: Vec<String>,
+    trace: Vec<Ev>,
+    red: Reduction,
 }
 
 impl Explorer<'_, '_> {
     fn dfs(&mut self, mut st: St) -> Result<(), Stop> {
         let mark = self.trace.len();
-        let en = match self.m.closure(&mut st, &mut self.trace, true) {
-            Ok(en) => en,
+        let en = match self.m.closure(&mut st, &mut self.trace, self.red) {
+            Ok((en, fired)) => {
+                // Every state the eager steps passed through counts: the budget bounds work.
+                self.states += fired;
+                en
+            }
             Err(v) => {
                 // Count the state the violation was found in.
                 self.states += 1;
-                return Err(with_trace(v, &self.trace).into());
+                return Err(self.m.with_trace(v, &self.trace).into());
             }
         };
         if !self.seen.insert(st.fingerprint()) {
@@ -1403,7 +1794,7 @@ impl Explorer<'_, '_> {
         }
         if en.is_empty() {
             if let Some(v) = self.m.deadlock(&mut st) {
-                return Err(with_trace(v, &self.trace).into());
+                return Err(self.m.with_trace(v, &self.trace).into());
             }
         }
         for t in en {
@@ -1411,7 +1802,7 @@ impl Explorer<'_, '_> {
             let m2 = self.trace.len();
             if let Err(v) = self.m.fire(&mut s2, t.pid, &mut self.trace) {
                 self.states += 1;
-                return Err(with_trace(v, &self.trace).into());
+                return Err(self.m.with_trace(v, &self.trace).into());
             }
             self.dfs(s2)?;
             self.trace.truncate(m2);

@@ -66,5 +66,6 @@ pub fn config() -> impl Strategy<Value = PlanConfig> {
             max_coresident_blocks: bound,
             packet: PacketFormat::B8,
             in_place,
+            ..PlanConfig::default()
         })
 }
