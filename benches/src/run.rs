@@ -499,6 +499,13 @@ fn measure(
             be.enqueue(case)
         }
         Mode::Graph => {
+            // One eager call first: NCCL connects its peers lazily, on a communicator's first
+            // collective, and that first call failing inside a capture is an internal error.
+            let warm = be.enqueue(case);
+            if let Err(status) = agree_call(coord, warm)? {
+                return Ok(Cell::status(kind, status));
+            }
+            gpu.sync(coord, timeout, &|| be_async_error(be))?;
             let mut issue = || -> Result<(), CallError> {
                 for _ in 0..iters {
                     be.enqueue(case)?;

@@ -6,8 +6,8 @@
 //
 // Compile-time part (the kernel key, as -D options): PURLIN_T (an Atom element type),
 // PURLIN_OP (an Atom reduce operator), PURLIN_AVG (sum then divide by world),
-// PURLIN_PACKET (8 or 16 bytes per packet), PURLIN_PARAM_WORDS and PURLIN_SMALL_PARAM_WORDS
-// (capacities of the two entry points' parameter blocks). Everything else is run time.
+// PURLIN_PACKET (8 or 16 bytes per packet) and PURLIN_PARAM_WORDS (capacity of the
+// parameter block). Everything else is run time.
 #include "atom.cuh"
 #include "params.cuh"
 #include "sync.cuh"
@@ -26,9 +26,6 @@
 #endif
 #ifndef PURLIN_PARAM_WORDS
 #define PURLIN_PARAM_WORDS 512
-#endif
-#ifndef PURLIN_SMALL_PARAM_WORDS
-#define PURLIN_SMALL_PARAM_WORDS 128
 #endif
 
 namespace purlin {
@@ -204,7 +201,14 @@ __device__ void reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32 n, u6
   for (u64 i = purlin::atom::tid(); i < words; i += purlin::atom::nthreads()) {
     const u64 bytes = len - i * kPayload < kPayload ? len - i * kPayload : kPayload;
     Acc acc[kLanes];
-    for (u32 r = 0; r < n; ++r) {
+    // Local sources are loaded before any packet is polled, so their load latency overlaps
+    // the packets' flight instead of following it; the combination stays in rank order.
+    u64 local[kMaxWorld];
+    for (u32 r = 0; r < n && r < kMaxWorld; ++r) {
+      const u64* reg = srcs + 5 * r;
+      if (space_kind(reg) != kWindow) local[r] = load_payload(region_ptr(x, reg, c) + i * kPayload, bytes);
+    }
+    for (u32 r = 0; r < n && r < kMaxWorld; ++r) {
       const u64* reg = srcs + 5 * r;
       u64 word = 0;
       if (space_kind(reg) == kWindow) {
@@ -214,7 +218,7 @@ __device__ void reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32 n, u6
           return;
         }
       } else {
-        word = load_payload(region_ptr(x, reg, c) + i * kPayload, bytes);
+        word = local[r];
       }
 #pragma unroll
       for (u32 l = 0; l < kLanes; ++l) {
@@ -415,9 +419,7 @@ __device__ __forceinline__ bool block_failed() {
   return s_failure.code != 0;
 }
 
-// Not inlined: both entry points share one copy (the parameter words are read through a
-// generic pointer into the kernel's parameter space either way, __grid_constant__).
-__device__ __noinline__ void run_block(const u64* w, const Runtime* rt) {
+__device__ void run_block(const u64* w, const Runtime* rt) {
   extern __shared__ __align__(16) u8 smem[];
   const ParamHeader* h = (const ParamHeader*)w;
   u64* control = (u64*)rt->control;
@@ -470,29 +472,25 @@ __device__ __noinline__ void run_block(const u64* w, const Runtime* rt) {
     }
     return;  // a failed call does not advance: the communicator is poisoned from here on
   }
-  if (purlin::atom::tid() == 0) {
-    u64 advance = h->advance_value;
-    if (h->advance_kind == 1) {
-      advance = (advance > s_agreed ? advance : s_agreed) | 1;
-    }
-    u64* epochs = (u64*)rt->epochs;
-    for (u64 j = blockIdx.x; j < h->epoch_words; j += h->grid) epochs[j] = x.epoch + advance;
+  // Every thread shares the advance (s_agreed was settled before the last barrier): a grid of
+  // one block must advance all epoch words, and one thread storing a thousand of them
+  // serially was measured at several microseconds.
+  u64 advance = h->advance_value;
+  if (h->advance_kind == 1) {
+    advance = (advance > s_agreed ? advance : s_agreed) | 1;
+  }
+  u64* epochs = (u64*)rt->epochs;
+  const u64 stride = h->grid * purlin::atom::nthreads();
+  for (u64 j = blockIdx.x + h->grid * purlin::atom::tid(); j < h->epoch_words; j += stride) {
+    epochs[j] = x.epoch + advance;
   }
 }
 
 }  // namespace snac
 }  // namespace purlin
 
-// Two entry points that differ only in the parameter block's capacity: the launch copies the
-// whole block, so small plans (the latency regime's) take the small one.
 extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
     purlin_snac_exec(const __grid_constant__ purlin::snac::Runtime rt,
                      const __grid_constant__ purlin::snac::ParamBlock<PURLIN_PARAM_WORDS> params) {
-  purlin::snac::run_block(params.w, &rt);
-}
-
-extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
-    purlin_snac_exec_small(const __grid_constant__ purlin::snac::Runtime rt,
-                           const __grid_constant__ purlin::snac::ParamBlock<PURLIN_SMALL_PARAM_WORDS> params) {
   purlin::snac::run_block(params.w, &rt);
 }

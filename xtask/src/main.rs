@@ -167,6 +167,12 @@ fn gpu_round(args: &[String]) -> Result<()> {
         if !package.contains("/crates/") && !package.contains("/benches") {
             continue;
         }
+        // Only executables with #[ignore]d tests have anything to run there (the round must
+        // stay under the device tool's 64 MiB).
+        let listed = Command::new(exe).args(["--list", "--ignored"]).output().with_context(|| format!("list {exe}"))?;
+        if !String::from_utf8_lossy(&listed.stdout).lines().any(|l| l.ends_with(": test")) {
+            continue;
+        }
         let target = msg["target"]["name"].as_str().unwrap_or("test");
         let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
         let dest = bin.join(format!("{target}-{kind}"));
@@ -207,6 +213,12 @@ fn gpu_round(args: &[String]) -> Result<()> {
         .into_iter()
         .map(|unit| (unit, purlin_atom::Arch::SM90))
         .collect();
+    // The executor on the generic Atom too (PURLIN_ATOM_GENERATION=generic measures it).
+    jobs.extend(
+        purlin_collectives::kernels::executor_keys(purlin_atom::AtomSpec::new(purlin_atom::Generation::Generic))
+            .iter()
+            .map(|k| (k.unit(), purlin_atom::Arch::SM90)),
+    );
     // The Atom's standalone kernels of every generation selectable on Hopper (its GPU tests
     // and atom_bench run them all).
     for generation in purlin_atom::Generation::selectable_on(purlin_atom::Arch::SM90) {

@@ -3,9 +3,7 @@
 //! parameter block and the call's pointers as `__grid_constant__` kernel parameters.
 //!
 //! Launches are cooperative: a grid that cannot be co-resident fails at launch instead of
-//! hanging (plans never exceed the co-residency bound agreed at set-up). Each kernel has two
-//! entry points that differ only in the parameter block's capacity; a plan takes the
-//! smallest that holds it, since a launch copies the whole block. No cudarc event is
+//! hanging (plans never exceed the co-residency bound agreed at set-up). No cudarc event is
 //! recorded by a launch (every argument is a plain value), so launches can be captured in
 //! CUDA graphs.
 
@@ -19,9 +17,7 @@ use purlin_snac::{PacketFormat, Plan, ReduceOp};
 
 use crate::error::{Error, driver};
 use crate::host_exec::atom_dtype;
-use crate::kernels::{
-    EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, EXEC_SMALL_PARAM_WORDS, ExecKey, ExecOp, executor_keys, packet_bytes_for,
-};
+use crate::kernels::{EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, ExecKey, ExecOp, executor_keys, packet_bytes_for};
 
 /// Ranks the executor's `Runtime` has room for.
 pub const MAX_WORLD: usize = 16;
@@ -60,58 +56,30 @@ const _: () = assert!(std::mem::size_of::<ExecRuntime>() == EXEC_RUNTIME_BYTES);
 // `Runtime` parameter field for field (size checked above, offsets by the order).
 unsafe impl DeviceRepr for ExecRuntime {}
 
-/// A parameter block of `N` words, passed by value (`ParamBlock<N>` in the kernel).
+/// The parameter block, passed by value (`ParamBlock<PURLIN_PARAM_WORDS>`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct ParamBlock<const N: usize> {
+pub struct ExecParams {
     /// The plan's words (purlin_snac::params), zero-padded.
-    pub words: [u64; N],
+    pub words: [u64; EXEC_PARAM_WORDS],
 }
 
-// SAFETY: a #[repr(C)] array of u64s, the layout of the kernel's `ParamBlock<N>`.
-unsafe impl<const N: usize> DeviceRepr for ParamBlock<N> {}
-
-impl<const N: usize> ParamBlock<N> {
-    fn boxed(words: &[u64]) -> Box<Self> {
-        let mut p = Box::new(ParamBlock { words: [0; N] });
-        p.words[..words.len()].copy_from_slice(words);
-        p
-    }
-}
-
-/// A plan's parameter block, sized for the entry point that will run it.
-#[derive(Debug, Clone)]
-pub enum ExecParams {
-    /// For `purlin_snac_exec_small`.
-    Small(Box<ParamBlock<EXEC_SMALL_PARAM_WORDS>>),
-    /// For `purlin_snac_exec`.
-    Large(Box<ParamBlock<EXEC_PARAM_WORDS>>),
-}
+// SAFETY: a #[repr(C)] array of u64s, the layout of the kernel's `ParamBlock`.
+unsafe impl DeviceRepr for ExecParams {}
 
 impl ExecParams {
-    /// The smallest block that holds `words`; a plan longer than the large block is
-    /// unsupported. `PURLIN_PARAM_BLOCK=large` forces the large one (for measurements).
-    pub fn new(words: &[u64]) -> Result<Self, Error> {
+    /// The block for `words`; a plan longer than the block is unsupported.
+    pub fn new(words: &[u64]) -> Result<Box<Self>, Error> {
         if words.len() > EXEC_PARAM_WORDS {
             return Err(Error::Unsupported(format!(
                 "a plan of {} parameter words (the executor takes {EXEC_PARAM_WORDS})",
                 words.len()
             )));
         }
-        let force_large = std::env::var("PURLIN_PARAM_BLOCK").is_ok_and(|v| v.trim() == "large");
-        Ok(if words.len() <= EXEC_SMALL_PARAM_WORDS && !force_large {
-            ExecParams::Small(ParamBlock::boxed(words))
-        } else {
-            ExecParams::Large(ParamBlock::boxed(words))
-        })
+        let mut p = Box::new(ExecParams { words: [0; EXEC_PARAM_WORDS] });
+        p.words[..words.len()].copy_from_slice(words);
+        Ok(p)
     }
-}
-
-/// One executor key's two entry points.
-#[derive(Debug)]
-struct EntryPoints {
-    small: CudaFunction,
-    large: CudaFunction,
 }
 
 /// The executor kernels of one GPU.
@@ -119,10 +87,9 @@ struct EntryPoints {
 pub struct DeviceExecutor {
     atom: AtomSpec,
     packet: PacketFormat,
-    functions: HashMap<ExecKey, EntryPoints>,
+    functions: HashMap<ExecKey, CudaFunction>,
     _modules: Vec<Arc<CudaModule>>,
     coresident_local: u32,
-    cooperative: bool,
 }
 
 fn exec_op(op: Option<ReduceOp>) -> ExecOp {
@@ -157,29 +124,22 @@ impl DeviceExecutor {
         let mut bound = u32::MAX;
         for (key, kernel) in keys.iter().zip(compiled) {
             let module = ctx.load_module(Ptx::from_binary(kernel.cubin)).map_err(driver("cuModuleLoadData"))?;
+            let function = module.load_function("purlin_snac_exec").map_err(driver("cuModuleGetFunction"))?;
             let smem = atom.smem_bytes() as usize;
-            let mut entry = |name: &str| -> Result<CudaFunction, Error> {
-                let function = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
-                if smem > 48 << 10 {
-                    function
-                        .set_attribute(
-                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            smem as i32,
-                        )
-                        .map_err(driver("cuFuncSetAttribute"))?;
-                }
-                bound = bound.min(crate::device::max_coresident_blocks(&function, atom.threads(), smem, sm_count)?);
-                Ok(function)
-            };
-            let entries = EntryPoints { small: entry("purlin_snac_exec_small")?, large: entry("purlin_snac_exec")? };
-            functions.insert(*key, entries);
+            if smem > 48 << 10 {
+                function
+                    .set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .map_err(driver("cuFuncSetAttribute"))?;
+            }
+            bound = bound.min(crate::device::max_coresident_blocks(&function, atom.threads(), smem, sm_count)?);
+            functions.insert(*key, function);
             modules.push(module);
         }
         let packet = if packet_bytes_for(generation) == 16 { PacketFormat::B16 } else { PacketFormat::B8 };
-        // `PURLIN_LAUNCH=plain` drops the cooperative attribute, only to measure what it costs:
-        // a grid that cannot be co-resident then ends in a device-wait timeout, not a launch error.
-        let cooperative = !std::env::var("PURLIN_LAUNCH").is_ok_and(|v| v.trim() == "plain");
-        Ok(Self { atom, packet, functions, _modules: modules, coresident_local: bound, cooperative })
+        Ok(Self { atom, packet, functions, _modules: modules, coresident_local: bound })
     }
 
     /// The Atom build the kernels run.
@@ -198,7 +158,7 @@ impl DeviceExecutor {
     }
 
     /// The kernel for a plan's dtype and op; a typed error where the Atom lacks the dtype.
-    fn entry_points(&self, plan: &Plan) -> Result<&EntryPoints, Error> {
+    pub fn function_for(&self, plan: &Plan) -> Result<&CudaFunction, Error> {
         let op = exec_op(plan.spec.op);
         let dtype = match (op, atom_dtype(plan.spec.dtype)) {
             (ExecOp::Copy, _) => DType::U32,
@@ -218,7 +178,7 @@ impl DeviceExecutor {
     /// Checks that a kernel exists for the plan's dtype and op (a typed error where the Atom
     /// lacks the dtype).
     pub fn check_supported(&self, plan: &Plan) -> Result<(), Error> {
-        self.entry_points(plan).map(|_| ())
+        self.function_for(plan).map(|_| ())
     }
 
     /// Launches `plan` (whose parameter words are `params`) on `stream`.
@@ -238,36 +198,20 @@ impl DeviceExecutor {
         if grid == 0 {
             return Ok(()); // an empty call: nothing moves, nothing advances (on every rank)
         }
-        let entries = self.entry_points(plan)?;
+        let function = self.function_for(plan)?;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (self.atom.threads(), 1, 1),
             shared_mem_bytes: self.atom.smem_bytes(),
         };
-        let mut launch = match params {
-            ExecParams::Small(block) => {
-                let mut l = stream.launch_builder(&entries.small);
-                l.arg(rt).arg(block.as_ref());
-                l
-            }
-            ExecParams::Large(block) => {
-                let mut l = stream.launch_builder(&entries.large);
-                l.arg(rt).arg(block.as_ref());
-                l
-            }
-        };
-        if self.cooperative {
-            // SAFETY: the entry point's parameters are (Runtime, ParamBlock<N>) with the N of
-            // the block passed, which ExecRuntime and ParamBlock mirror; the caller guarantees
-            // the addresses in `rt`; the grid is within the co-residency bound the plan was
-            // derived under, and the cooperative launch refuses a grid that cannot be
-            // co-resident instead of hanging; every device wait is bounded by rt.timeout_ns.
-            unsafe { launch.launch_cooperative(cfg) }.map_err(driver("cuLaunchCooperativeKernel"))?;
-        } else {
-            // SAFETY: as above; without the cooperative attribute a grid that cannot be
-            // co-resident ends in a bounded device-wait timeout (typed error), not a hang.
-            unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
-        }
+        let mut launch = stream.launch_builder(function);
+        launch.arg(rt).arg(params);
+        // SAFETY: the kernel's parameters are (Runtime, ParamBlock<EXEC_PARAM_WORDS>), which
+        // ExecRuntime and ExecParams mirror; the caller guarantees the addresses in `rt`; the
+        // grid is within the co-residency bound the plan was derived under, and the
+        // cooperative launch refuses a grid that cannot be co-resident instead of hanging;
+        // every device wait is bounded by rt.timeout_ns.
+        unsafe { launch.launch_cooperative(cfg) }.map_err(driver("cuLaunchCooperativeKernel"))?;
         Ok(())
     }
 }

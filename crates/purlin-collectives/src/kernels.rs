@@ -47,13 +47,11 @@ impl ExecOp {
     }
 }
 
-/// Parameter-block capacity (u64 words) of the executor's large entry point
-/// (`purlin_snac_exec`): 31 KiB, inside the 32 764-byte kernel-parameter limit (sm_70+,
-/// CUDA 12.1+) beside [`EXEC_RUNTIME_BYTES`]; room for 32 blocks per role at world 2.
+/// Parameter-block capacity (u64 words) of the executor kernel: 31 KiB, inside the
+/// 32 764-byte kernel-parameter limit (sm_70+, CUDA 12.1+) beside [`EXEC_RUNTIME_BYTES`];
+/// room for 32 blocks per role at world 2. A 512-word block launched no faster (AllReduce
+/// 8 B in a CUDA graph, 2×H200, PERFORMANCE.md), so there is one size.
 pub const EXEC_PARAM_WORDS: usize = 3968;
-/// Parameter-block capacity of the small entry point (`purlin_snac_exec_small`): a launch
-/// copies the whole block, so plans that fit (the latency regime's at small worlds) take it.
-pub const EXEC_SMALL_PARAM_WORDS: usize = 512;
 
 const _: () = assert!(EXEC_PARAM_WORDS * 8 + EXEC_RUNTIME_BYTES <= 32_764);
 /// Size of the executor's `Runtime` kernel parameter (`kernels/snac/executor.cu`).
@@ -99,7 +97,6 @@ impl ExecKey {
                 format!("-DPURLIN_AVG={}", u32::from(k.op == ExecOp::Avg)),
                 format!("-DPURLIN_PACKET={}", k.packet_bytes),
                 format!("-DPURLIN_PARAM_WORDS={EXEC_PARAM_WORDS}"),
-                format!("-DPURLIN_SMALL_PARAM_WORDS={EXEC_SMALL_PARAM_WORDS}"),
             ],
         }
     }

@@ -2,14 +2,17 @@
 //! size band (DESIGN.md §5 "Tuning"). Every knob can be overridden from the environment
 //! (`PURLIN_REGIME=latency|throughput`, `PURLIN_STAGING_SIDE=own|peer`, `PURLIN_CHUNK_BYTES`,
 //! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_SLOTS`,
-//! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_BLOCK_BYTES`), so the table can be measured
-//! before it is trusted.
+//! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_BLOCK_BYTES`, `PURLIN_LATENCY_MAX_BLOCKS`,
+//! `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`), so the table can be measured before it is
+//! trusted.
 //!
-//! The defaults come from a first sweep on 2×H200 (PERFORMANCE.md): push staging (remote
-//! stores beat remote loads under two-way load, DEVICE.md, and the sweep agrees), 16 blocks
-//! per role with 256 KiB per block per chunk (large chunks amortise each chunk's fence and
-//! flag round trip), 2 slots, packets up to 1 MiB per rank. A call whose plan does not fit
-//! (staging, parameter block) is re-planned with smaller chunks or fewer blocks.
+//! The defaults come from sweeps on 2×H200 (PERFORMANCE.md): push staging (remote stores beat
+//! remote loads under two-way load, DEVICE.md, and the sweeps agree); 16 writer blocks and 32
+//! reader blocks (readers copy twice the bytes an AllGather's writers push, locally); 16 MiB
+//! chunks, cut to a quarter of the call down to 4 MiB (each chunk costs every block a few
+//! microseconds of waits, arrivals and fences); 2 slots; packets wherever the window holds
+//! the call (up to 4 MiB per rank), one block per 4 KiB of the largest transfer, at most 64. A call whose plan does not fit (staging,
+//! parameter block) is re-planned with smaller chunks or fewer blocks.
 
 use purlin_snac::{
     AllReduceAlgo, CollectiveSpec, DeriveError, PacketFormat, Plan, PlanConfig, Regime, StagingSide, derive_rank,
@@ -27,6 +30,8 @@ pub struct Tuning {
     /// The latency regime gives each block at least this many bytes of the largest transfer
     /// (fewer blocks for small calls: every block costs launch and exit time).
     pub latency_block_bytes: u64,
+    /// The most blocks of a latency-regime plan (`None`: `blocks_per_role`).
+    pub latency_max_blocks: Option<u32>,
     /// Throughput staging side.
     pub staging_side: StagingSide,
     /// Throughput chunk bytes (a multiple of 16 × blocks_per_role).
@@ -37,24 +42,34 @@ pub struct Tuning {
     pub consumer_blocks_per_role: Option<u32>,
     /// Staging slots per stream.
     pub slots: u32,
+    /// Smaller chunks for mid-size calls: a call is cut into at least this many chunks, but
+    /// not below `min_chunk_bytes`, so that staging and consuming overlap.
+    pub min_chunks: u64,
+    /// The floor of that cut.
+    pub min_chunk_bytes: u64,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
-        // Measured on 2×H200, 2026-11-30 (PERFORMANCE.md, round 4): 64 MiB AllGather took
-        // 504 µs with 512 KiB chunks × 8 blocks × 4 slots and 163 µs with 4 MiB × 16 × 2;
-        // an 8-byte..256 KiB AllReduce is faster in the latency regime (8.0 µs at 256 KiB in a
-        // CUDA graph against 17.4 µs staged), and round 5 measured the staged path at 26 µs
-        // from 512 KiB to 2 MiB, so packets serve up to 1 MiB per rank (window: 4 MiB).
+        // Measured on 2×H200, 2026-11-30 (PERFORMANCE.md): 256 MiB AllGather busbw 182 GB/s
+        // with 4 MiB chunks × 16 + 16 blocks, 258 with 32 readers, 300 with 16 MiB chunks
+        // (rounds 8–9); slots 2 → 4 changed nothing. Packets (latency regime) wherever the
+        // window holds the call, up to 4 MiB per rank, with up to 64 blocks: AllReduce 1 MiB
+        // 14.6 µs against 20.1 with 16 blocks up to 1 MiB, AllGather 2 MiB 13.8 against 17.1
+        // staged (round 11); 4 KiB per block beat 16 KiB and 16 blocks from 8 KiB to 128 KiB
+        // (4.7 against 7.7 and 5.6 µs at 32 KiB, round 9).
         Self {
             regime: None,
-            latency_max_bytes: 1 << 20,
-            latency_block_bytes: 16 << 10,
+            latency_max_bytes: 4 << 20,
+            latency_block_bytes: 4 << 10,
+            latency_max_blocks: Some(64),
             staging_side: StagingSide::Peer,
-            chunk_bytes: 4 << 20,
+            chunk_bytes: 16 << 20,
             blocks_per_role: 16,
-            consumer_blocks_per_role: None,
+            consumer_blocks_per_role: Some(32),
             slots: 2,
+            min_chunks: 4,
+            min_chunk_bytes: 4 << 20,
         }
     }
 }
@@ -95,8 +110,11 @@ impl Tuning {
         t.blocks_per_role = env("PURLIN_BLOCKS_PER_ROLE")?.unwrap_or(t.blocks_per_role);
         t.consumer_blocks_per_role = env("PURLIN_CONSUMER_BLOCKS")?.or(t.consumer_blocks_per_role);
         t.slots = env("PURLIN_SLOTS")?.unwrap_or(t.slots);
+        t.min_chunks = env("PURLIN_MIN_CHUNKS")?.unwrap_or(t.min_chunks);
+        t.min_chunk_bytes = env("PURLIN_MIN_CHUNK_BYTES")?.unwrap_or(t.min_chunk_bytes);
         t.latency_max_bytes = env("PURLIN_LATENCY_MAX_BYTES")?.unwrap_or(t.latency_max_bytes);
         t.latency_block_bytes = env("PURLIN_LATENCY_BLOCK_BYTES")?.unwrap_or(t.latency_block_bytes);
+        t.latency_max_blocks = env("PURLIN_LATENCY_MAX_BLOCKS")?.or(t.latency_max_blocks);
         Ok(t)
     }
 }
@@ -128,9 +146,12 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
     });
     let cap = (limits.max_coresident_blocks / 4).max(1);
     let mut blocks = tuning.blocks_per_role.clamp(1, cap);
-    if regime == Regime::Latency && tuning.latency_block_bytes > 0 {
-        let wanted = band_bytes(spec).div_ceil(tuning.latency_block_bytes).max(1);
-        blocks = blocks.min(u32::try_from(wanted).unwrap_or(u32::MAX));
+    if regime == Regime::Latency {
+        blocks = tuning.latency_max_blocks.unwrap_or(blocks).clamp(1, cap);
+        if tuning.latency_block_bytes > 0 {
+            let wanted = band_bytes(spec).div_ceil(tuning.latency_block_bytes).max(1);
+            blocks = blocks.min(u32::try_from(wanted).unwrap_or(u32::MAX));
+        }
     }
     let consumer_blocks = tuning.consumer_blocks_per_role.map(|n| n.clamp(1, cap));
     let mut cfg = PlanConfig {
@@ -148,7 +169,8 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
         in_place,
     };
     let granule = cfg.chunk_granule();
-    cfg.chunk_bytes = tuning.chunk_bytes.max(granule).div_ceil(granule) * granule;
+    let split = band_bytes(spec).div_ceil(tuning.min_chunks.max(1)).max(tuning.min_chunk_bytes);
+    cfg.chunk_bytes = tuning.chunk_bytes.min(split).max(granule).div_ceil(granule) * granule;
     cfg
 }
 
@@ -191,11 +213,16 @@ pub fn plan_fitting(
     let mut t = *tuning;
     loop {
         let plan = plan_for(spec, rank, in_place, &t, limits)?;
-        if fits(&plan) || t.blocks_per_role <= 1 {
+        let smallest = t.blocks_per_role <= 1
+            && t.consumer_blocks_per_role.is_none_or(|n| n <= 1)
+            && t.latency_max_blocks.is_some_and(|n| n <= 1);
+        if fits(&plan) || smallest {
             return Ok(plan);
         }
-        t.blocks_per_role /= 2;
-        t.consumer_blocks_per_role = t.consumer_blocks_per_role.map(|n| (n / 2).max(1));
+        let half = |n: u32| (n / 2).max(1);
+        t.blocks_per_role = half(t.blocks_per_role);
+        t.consumer_blocks_per_role = t.consumer_blocks_per_role.map(half);
+        t.latency_max_blocks = Some(half(t.latency_max_blocks.unwrap_or(t.blocks_per_role).min(plan.grid() as u32)));
     }
 }
 
@@ -215,7 +242,7 @@ mod tests {
 
     #[test]
     fn every_collective_gets_a_plan_that_fits_at_every_world() {
-        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= 2048;
+        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
         for world in [2u32, 3, 4, 8, 16] {
             for bytes in [8u64, 4096, 1 << 20, 256 << 20] {
                 let n = (bytes / 4 / u64::from(world)).max(1);

@@ -56,12 +56,13 @@ pub struct WorkspaceConfig {
 }
 
 impl Default for WorkspaceConfig {
-    /// 16 MiB staging and 4 MiB of window payload (the latency regime serves calls up to
-    /// 1 MiB per rank, measured faster than staging there on 2×H200), with room for every
-    /// plan up to world 16: about 24.1 MiB per rank at any world size.
+    /// 64 MiB staging (two sense halves of one 16 MiB chunk × 2 slots at world 2; larger
+    /// worlds get smaller chunks) and 4 MiB of window payload (the latency regime serves calls
+    /// up to 4 MiB per rank where the window holds them, measured faster than staging there
+    /// on 2×H200), with room for every plan up to world 16: about 72 MiB per rank.
     fn default() -> Self {
         Self {
-            staging_bytes: 16 << 20,
+            staging_bytes: 64 << 20,
             window_bytes: 4 << 20,
             flag_words: 4096,
             counter_words: 4096,
@@ -489,12 +490,12 @@ mod tests {
                 assert_eq!(r.offset % REGION_ALIGN, 0);
             }
             assert_eq!(l.total_bytes % REGION_ALIGN, 0);
-            assert!(l.total_bytes < 26 << 20, "default workspace too big at world {world}: {}", l.total_bytes);
+            assert!(l.total_bytes < 74 << 20, "default workspace too big at world {world}: {}", l.total_bytes);
             assert!(l.flag_offset(world - 1, FLAG_SLOTS - 1) + 8 <= l.setup_flags.offset + l.setup_flags.bytes);
             assert!(l.report().contains("staging"));
         }
         let l2 = WorkspaceLayout::new(WorkspaceConfig::default(), 2).unwrap();
-        assert_eq!(l2.staging.bytes, 16 << 20);
+        assert_eq!(l2.staging.bytes, 64 << 20);
         assert_eq!(l2.window.bytes, 8 << 20);
     }
 
