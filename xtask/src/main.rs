@@ -228,6 +228,14 @@ fn gpu_round(args: &[String]) -> Result<()> {
     }
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let compiled = cache.get_or_compile_all(&jobs, threads)?;
+    // CUBINs of earlier sources stay valid under their keys but would only fill the round.
+    let keep: std::collections::HashSet<String> = compiled.iter().map(|k| format!("{}.cubin", k.key)).collect();
+    for entry in std::fs::read_dir(cache.dir())? {
+        let path = entry?.path();
+        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| !keep.contains(n)) {
+            std::fs::remove_file(&path).with_context(|| format!("prune {}", path.display()))?;
+        }
+    }
     eprintln!("kernel cache: {} sm_90 kernels in {}", compiled.len(), cache.dir().display());
 
     let calibration = root.join("../shared/calibration");
