@@ -163,6 +163,16 @@ pub fn launch(args: &Args) -> Result<Launched> {
             meta.world = world;
             meta.gpus = devs.iter().map(|g| g.name.clone()).collect();
             let p0 = progress(true);
+            // The calibration probe between GPUs 0 and 1, before any communicator exists.
+            if args.probe && world >= 2 {
+                match gpu::probe_copy_engine(&devs[0], &devs[1]) {
+                    Ok(lines) => meta.limits = lines,
+                    Err(e) => eprintln!("purlin-bench: calibration probe failed: {e:#}"),
+                }
+            }
+            for l in &meta.limits {
+                p0(&format!("limits: {l}"));
+            }
             p0(&format!(
                 "one process, {world} GPUs ({}), nccl {}",
                 meta.gpus.join(", "),

@@ -4,7 +4,9 @@
 //! `world` cells of `A` bytes (cell `p` receives from rank `p`; `A` is the largest transfer
 //! between two ranks, rounded up to 16), then — when the plan has a handshake — `world`
 //! 16-byte handshake cells. Block `b` of `B` moves the slice `[b*S, b*S + S)` of every
-//! transfer, `S = up16(ceil(A / B))`. Every packet of a call carries the flag `E + 1`.
+//! transfer, `S = up16(ceil(A / B))`; a gather's own part (input to output) is copied by
+//! further blocks, one per non-empty slice, beside the packet blocks. Every packet of a call
+//! carries the flag `E + 1`.
 
 use super::{DeriveError, PlanConfig, add_handshake, empty_non_v, empty_plan, two_shot, up16};
 use crate::plan::{Advance, BlockProgram, EpochVal, Guard, Len, Offset, Plan, Region, Role, Step};
@@ -49,6 +51,10 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     let flag = EpochVal::at(1);
     let g = Guard::ALWAYS;
 
+    // A rank's own part of a gather (input to output, no peer involved) runs on blocks of its
+    // own after the packet blocks: on the packet blocks its load latency came on top of
+    // waiting for the peers' packets instead of beside it.
+    let mut local_blocks = vec![];
     for b in 0..nb {
         let bs = b as u64 * s;
         let len = |total: u64| Len::slice(s, total, bs, 0);
@@ -75,12 +81,15 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
                 let out = spec.partition_offset(rank, rank, false);
                 let same_place = cfg.in_place && spec.collective != Collective::AllToAll;
                 if len(n).at(0) > 0 && !same_place {
-                    steps.push(Step::Gather {
-                        dst: Region::output(at(out)),
-                        src: Region::input(at(off)),
-                        len: len(n),
-                        expect: None,
-                        guard: g,
+                    local_blocks.push(BlockProgram {
+                        role: Role::Packets,
+                        steps: vec![Step::Gather {
+                            dst: Region::output(at(out)),
+                            src: Region::input(at(off)),
+                            len: len(n),
+                            expect: None,
+                            guard: g,
+                        }],
                     });
                 }
                 for p in (0..world).filter(|&p| p != rank) {
@@ -140,6 +149,10 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
             }
         }
         plan.blocks.push(BlockProgram { role: Role::Packets, steps });
+    }
+    plan.blocks.extend(local_blocks);
+    if plan.blocks.len() > cfg.max_coresident_blocks as usize {
+        return Err(DeriveError::TooManyBlocks { need: plan.blocks.len() as u64, bound: cfg.max_coresident_blocks });
     }
     if needs_handshake {
         add_handshake(&mut plan, hs_base, half, false);
