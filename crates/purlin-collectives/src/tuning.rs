@@ -11,8 +11,9 @@
 //! reader blocks (readers copy twice the bytes an AllGather's writers push, locally); 16 MiB
 //! chunks, cut to a quarter of the call down to 4 MiB (each chunk costs every block a few
 //! microseconds of waits, arrivals and fences); 2 slots; packets wherever the window holds
-//! the call (up to 4 MiB per rank), one block per 4 KiB of the largest transfer, at most 64. A call whose plan does not fit (staging,
-//! parameter block) is re-planned with smaller chunks or fewer blocks.
+//! the call (up to 4 MiB per rank), one block per 4 KiB of the largest transfer, at most 64.
+//! A call whose plan does not fit (staging, parameter block) is re-planned with smaller
+//! chunks or fewer blocks.
 
 use purlin_snac::{
     AllReduceAlgo, CollectiveSpec, DeriveError, PacketFormat, Plan, PlanConfig, Regime, StagingSide, derive_rank,
@@ -34,7 +35,7 @@ pub struct Tuning {
     pub latency_max_blocks: Option<u32>,
     /// Throughput staging side.
     pub staging_side: StagingSide,
-    /// Throughput chunk bytes (a multiple of 16 × blocks_per_role).
+    /// Throughput chunk bytes (rounded up to a multiple of `PlanConfig::chunk_granule`).
     pub chunk_bytes: u64,
     /// Blocks per role (the writers' in the throughput regime).
     pub blocks_per_role: u32,

@@ -45,7 +45,8 @@ pub struct PlanConfig {
     pub allreduce: AllReduceAlgo,
     /// Bytes per chunk (throughput); a multiple of `16 * blocks_per_role`.
     pub chunk_bytes: u64,
-    /// Blocks per role; each block handles a `chunk_bytes / blocks_per_role` slice of every chunk.
+    /// Blocks per role (the writers' in the throughput regime, see below); each block handles
+    /// a `chunk_bytes / blocks_per_role` slice of every chunk.
     pub blocks_per_role: u32,
     /// Blocks of each reading role of the throughput regime (Consumer, Head, Tail) when they
     /// differ from `blocks_per_role`: readers copy or reduce locally what writers moved over the
