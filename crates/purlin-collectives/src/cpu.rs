@@ -93,9 +93,18 @@ pub struct CpuConfig {
 
 impl CpuConfig {
     /// The host's tuning defaults: the GPU table's regime band, but 32 KiB chunks, 2 blocks
-    /// per role and 4 slots — a CPU thread per block, and staging that fits world 16 in 4 MiB.
+    /// per role for every role and regime and 4 slots — a CPU thread per block (the GPU's 32
+    /// reader and up to 64 packet blocks would be threads here), and staging that fits world
+    /// 16 in 4 MiB.
     pub fn host_tuning() -> Tuning {
-        Tuning { chunk_bytes: 32 << 10, blocks_per_role: 2, slots: 4, ..Tuning::default() }
+        Tuning {
+            chunk_bytes: 32 << 10,
+            blocks_per_role: 2,
+            consumer_blocks_per_role: None,
+            latency_max_blocks: None,
+            slots: 4,
+            ..Tuning::default()
+        }
     }
 
     /// The defaults with the `PURLIN_*` tuning overrides of [`Tuning::from_env`] applied (a
