@@ -17,7 +17,7 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaSlice};
 use purlin_collectives::{Comm, CpuComm, CpuConfig, ReduceOp};
 
 /// AllReduce elements.
@@ -51,6 +51,22 @@ fn report(world: usize, rank: Option<usize>, sum: &[f32], all: &[f32]) {
     println!("{who}all_gather of {PER_RANK} f32 per rank: {:?}", all.iter().step_by(PER_RANK).collect::<Vec<_>>());
 }
 
+/// One rank's AllReduce and AllGather, enqueued on its stream: (send, sum, contribution,
+/// gathered). The inputs are returned too, so they live until the calls have run.
+type Calls = (CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>);
+
+fn enqueue(comm: &Comm, world: usize) -> Result<Calls> {
+    let stream = comm.stream();
+    let (send, mine) = inputs(comm.rank());
+    let send = stream.clone_htod(&send)?;
+    let mut sum = stream.alloc_zeros::<f32>(N)?;
+    comm.all_reduce(&send, &mut sum, &ReduceOp::Sum)?;
+    let mine = stream.clone_htod(&mine)?;
+    let mut all = stream.alloc_zeros::<f32>(PER_RANK * world)?;
+    comm.all_gather(&mine, &mut all)?;
+    Ok((send, sum, mine, all))
+}
+
 fn verdict(wrong: usize) -> ExitCode {
     if wrong == 0 {
         println!("check: OK (every element of every rank)");
@@ -67,13 +83,7 @@ fn torchrun() -> Result<ExitCode> {
     let (rank, world) = (comm.rank(), comm.world_size());
     println!("torchrun: rank {rank} of {world} on GPU {} ({})", comm.ordinal(), comm.device().name);
     let stream = comm.stream();
-    let (send, mine) = inputs(rank);
-    let send = stream.clone_htod(&send)?;
-    let mut sum = stream.alloc_zeros::<f32>(N)?;
-    comm.all_reduce(&send, &mut sum, &ReduceOp::Sum)?;
-    let mine = stream.clone_htod(&mine)?;
-    let mut all = stream.alloc_zeros::<f32>(PER_RANK * world)?;
-    comm.all_gather(&mine, &mut all)?;
+    let (_send, sum, _mine, all) = enqueue(&comm, world)?;
     let (sum, all) = (stream.clone_dtoh(&sum)?, stream.clone_dtoh(&all)?);
     comm.async_error()?;
     report(world, Some(rank), &sum, &all);
@@ -94,18 +104,7 @@ fn all_local_gpus(gpus: usize) -> Result<ExitCode> {
     let comms = Comm::from_devices(streams).context("Comm::from_devices")?;
     let world = comms.len();
     // Enqueue every rank's calls first (they run together), then read the results back.
-    let mut buffers = Vec::with_capacity(world);
-    for comm in &comms {
-        let stream = comm.stream();
-        let (send, mine) = inputs(comm.rank());
-        let send = stream.clone_htod(&send)?;
-        let mut sum = stream.alloc_zeros::<f32>(N)?;
-        comm.all_reduce(&send, &mut sum, &ReduceOp::Sum)?;
-        let mine = stream.clone_htod(&mine)?;
-        let mut all = stream.alloc_zeros::<f32>(PER_RANK * world)?;
-        comm.all_gather(&mine, &mut all)?;
-        buffers.push((send, sum, mine, all));
-    }
+    let buffers = comms.iter().map(|comm| enqueue(comm, world)).collect::<Result<Vec<_>>>()?;
     let mut bad = 0;
     for (comm, (_, sum, _, all)) in comms.iter().zip(&buffers) {
         let stream = comm.stream();

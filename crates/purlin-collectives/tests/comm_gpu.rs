@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Kid, ROLE, role};
+use common::{Kid, ROLE, role, torchrun_env};
 use cudarc::driver::{CudaContext, CudaStream};
 use purlin_collectives::comm::{Comm, CommConfig, KernelRequest};
 use purlin_collectives::device::mem_info;
@@ -324,21 +324,9 @@ fn gpu_from_env_as_under_torchrun() {
     let port = 20000 + (std::process::id() % 20000);
     let kids: Vec<Kid> = (0..2)
         .map(|r| {
-            Kid::spawn(
-                "gpu_from_env_as_under_torchrun",
-                true,
-                &[
-                    (ROLE, "torchrun".to_string()),
-                    ("RANK", r.to_string()),
-                    ("LOCAL_RANK", r.to_string()),
-                    ("WORLD_SIZE", "2".to_string()),
-                    ("LOCAL_WORLD_SIZE", "2".to_string()),
-                    ("MASTER_ADDR", "127.0.0.1".to_string()),
-                    ("MASTER_PORT", port.to_string()),
-                    ("TORCHELASTIC_RUN_ID", format!("purlin-test-{}", std::process::id())),
-                    ("PURLIN_TIMEOUT_S", "60".to_string()),
-                ],
-            )
+            let mut env = torchrun_env(r, 2, &port.to_string(), &format!("purlin-test-{}", std::process::id()));
+            env.push(("PURLIN_TIMEOUT_S", "60".to_string()));
+            Kid::spawn("gpu_from_env_as_under_torchrun", true, &env)
         })
         .collect();
     for (r, k) in kids.into_iter().enumerate() {

@@ -18,6 +18,7 @@
 //! Run on the GPU machine: `device_conformance-test --ignored --test-threads=1 --nocapture`.
 
 mod gpu_support;
+mod region_shift;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -28,37 +29,12 @@ use purlin_collectives::host_exec::{CallBuffers, HostMemoryConfig, HostWorld, Tr
 use purlin_collectives::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp};
 use purlin_snac::{Plan, Regime, Space, StagingSide, Step};
+use region_shift::shift_first;
 
 /// Bytes of slack after every buffer.
 const SLACK: usize = 4096;
 /// The poison byte of outputs and slack.
 const POISON: u8 = 0xa5;
-
-/// Shifts, by one byte, the offset of the first region of `plan` that `pick` selects (the
-/// host conformance test's mutation).
-fn shift_first(plan: &mut Plan, pick: fn(&Step) -> bool) -> bool {
-    fn visit(steps: &mut [Step], pick: fn(&Step) -> bool) -> bool {
-        for s in steps {
-            if let Step::ChunkLoop { body, .. } = s {
-                if visit(body, pick) {
-                    return true;
-                }
-                continue;
-            }
-            if !pick(s) {
-                continue;
-            }
-            match s {
-                Step::Stage { dst, .. } | Step::Gather { dst, .. } => dst.offset.base += 1,
-                Step::PutPackets { src, .. } => src.offset.base += 1,
-                _ => continue,
-            }
-            return true;
-        }
-        false
-    }
-    plan.blocks.iter_mut().any(|b| visit(&mut b.steps, pick))
-}
 
 struct Case {
     what: &'static str,

@@ -21,10 +21,11 @@ mod gpu_support;
 
 use std::time::{Duration, Instant};
 
-use common::{Kid, ROLE, role};
+use common::{Kid, ROLE, role, torchrun_env};
 use cudarc::driver::CudaGraph;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use gpu_support::{Bufs, Call, Coll, Dt, Rng, call, fresh_seed, is_fault_error, names_peer, need_two_gpus, stream};
+use gpu_support::{
+    Bufs, Call, Coll, Dt, Rng, call, capture, fresh_seed, is_fault_error, names_peer, need_two_gpus, stream,
+};
 use purlin_collectives::id::TorchEnv;
 use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp};
 
@@ -198,17 +199,6 @@ fn eager_a_skipped_call_gives_a_typed_error_then_poisoned() {
 
 // ---------------------------------------------------------------- graph: a silent peer
 
-fn capture(comm: &Comm, bufs: &[Bufs]) -> CudaGraph {
-    let s = comm.stream();
-    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
-    let issued: Vec<_> = bufs.iter().map(|b| b.issue(comm, comm.rank())).collect();
-    let graph = s.end_capture(CUgraphInstantiate_flags(0));
-    for r in issued {
-        r.unwrap_or_else(|e| panic!("rank {}: capture: {e}", comm.rank()));
-    }
-    graph.expect("end capture").expect("a graph")
-}
-
 #[test]
 #[ignore = "needs 2 NVLink GPUs (GPU round)"]
 fn graph_a_silent_peer_times_out_once_and_the_rest_exits_at_once() {
@@ -369,21 +359,9 @@ fn sigkill_mid_loop_under_torchrun_gives_rank0_a_typed_error_and_a_clean_exit() 
     let seed = fresh_seed();
     let mut kids: Vec<Kid> = (0..2)
         .map(|r| {
-            Kid::spawn(
-                NAME,
-                true,
-                &[
-                    (ROLE, "torchrun".to_string()),
-                    ("RANK", r.to_string()),
-                    ("LOCAL_RANK", r.to_string()),
-                    ("WORLD_SIZE", "2".to_string()),
-                    ("LOCAL_WORLD_SIZE", "2".to_string()),
-                    ("MASTER_ADDR", "127.0.0.1".to_string()),
-                    ("MASTER_PORT", port.to_string()),
-                    ("TORCHELASTIC_RUN_ID", format!("purlin-faults-{}", std::process::id())),
-                    ("PURLIN_TEST_SEED", seed.to_string()),
-                ],
-            )
+            let mut env = torchrun_env(r, 2, &port.to_string(), &format!("purlin-faults-{}", std::process::id()));
+            env.push(("PURLIN_TEST_SEED", seed.to_string()));
+            Kid::spawn(NAME, true, &env)
         })
         .collect();
     let victim = kids.pop().expect("rank 1");

@@ -20,8 +20,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaGraph;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use gpu_support::{Bufs, Call, Coll, Dt, Rng, call, device_sleep, fresh_seed, sleep_request, spin, streams};
+use gpu_support::{Bufs, Call, Coll, Dt, Rng, call, capture, device_sleep, fresh_seed, sleep_request, spin, streams};
 use purlin_collectives::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp};
 use purlin_snac::Regime;
@@ -77,21 +76,6 @@ fn describe_plans(comms: &[Comm], calls: &[Call]) -> (Vec<Regime>, BTreeSet<usiz
         );
     }
     (regimes, grids)
-}
-
-/// Captures every call of `bufs` on `comm`'s stream (raw pointers, nothing tracked).
-fn capture(comm: &Comm, bufs: &[Bufs]) -> CudaGraph {
-    let s = comm.stream();
-    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
-    let issued: Vec<_> = bufs.iter().map(|b| b.issue(comm, comm.rank()).map_err(|e| (b.call.name(), e))).collect();
-    // Always end the capture, so a failed call leaves the stream usable and reports itself.
-    let graph = s.end_capture(CUgraphInstantiate_flags(0));
-    for r in issued {
-        if let Err((name, e)) = r {
-            panic!("rank {}: capturing {name}: {e}", comm.rank());
-        }
-    }
-    graph.unwrap_or_else(|e| panic!("rank {}: end capture: {e}", comm.rank())).expect("the capture made a graph")
 }
 
 #[test]

@@ -2,12 +2,15 @@
 //! plan passes the output check; the same plan with one region shifted by one byte runs to
 //! completion and FAILS it. Also: bounded waits and poisoning.
 
+mod region_shift;
+
 use std::time::Duration;
 
 use purlin_collectives::Error;
 use purlin_collectives::cpu::{CpuComm, CpuConfig};
 use purlin_collectives::host_exec::{CallBuffers, HostMemoryConfig, HostWorld};
 use purlin_snac::{CollectiveSpec, DataType, Plan, PlanConfig, Regime, Space, StagingSide, Step, derive};
+use region_shift::shift_first;
 
 fn memory(cfg: &PlanConfig) -> HostMemoryConfig {
     HostMemoryConfig {
@@ -61,31 +64,6 @@ fn check(outputs: &[Vec<u8>], inputs: &[Vec<u8>]) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Shifts, by one byte, the offset of the first region of `rank`'s plan that `pick` selects.
-fn shift_first(plan: &mut Plan, pick: impl Fn(&Step) -> bool) -> bool {
-    fn visit(steps: &mut [Step], pick: &dyn Fn(&Step) -> bool) -> bool {
-        for s in steps {
-            if let Step::ChunkLoop { body, .. } = s {
-                if visit(body, pick) {
-                    return true;
-                }
-                continue;
-            }
-            if !pick(s) {
-                continue;
-            }
-            match s {
-                Step::Stage { dst, .. } | Step::Gather { dst, .. } => dst.offset.base += 1,
-                Step::PutPackets { src, .. } => src.offset.base += 1,
-                _ => continue,
-            }
-            return true;
-        }
-        false
-    }
-    plan.blocks.iter_mut().any(|b| visit(&mut b.steps, &pick))
 }
 
 #[test]

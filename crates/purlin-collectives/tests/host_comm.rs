@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Kid, ROLE, role};
+use common::{Kid, ROLE, role, torchrun_env};
 use purlin_collectives::Error;
 use purlin_collectives::host::HostComm;
 use purlin_collectives::id::Id;
@@ -231,24 +231,8 @@ fn torchrun_processes_meet_on_the_name_derived_from_their_environment() {
     let store = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
     let port = store.local_addr().unwrap().port().to_string();
     let run_id = format!("ci-{}", std::process::id());
-    let kids: Vec<Kid> = (0..3)
-        .map(|r| {
-            Kid::spawn(
-                "child_entry",
-                false,
-                &[
-                    (ROLE, "torchrun".to_string()),
-                    ("RANK", r.to_string()),
-                    ("LOCAL_RANK", r.to_string()),
-                    ("WORLD_SIZE", "3".to_string()),
-                    ("LOCAL_WORLD_SIZE", "3".to_string()),
-                    ("MASTER_ADDR", "127.0.0.1".to_string()),
-                    ("MASTER_PORT", port.clone()),
-                    ("TORCHELASTIC_RUN_ID", run_id.clone()),
-                ],
-            )
-        })
-        .collect();
+    let kids: Vec<Kid> =
+        (0..3).map(|r| Kid::spawn("child_entry", false, &torchrun_env(r, 3, &port, &run_id))).collect();
     for k in kids {
         k.expect_line("@@TORCHRUN", T);
         assert!(k.finish(T));

@@ -9,6 +9,21 @@ use std::time::{Duration, Instant};
 /// The role variable: unset in the parent, set in children.
 pub const ROLE: &str = "PURLIN_TEST_ROLE";
 
+/// What torchrun gives rank `rank` of `world` on this machine, plus [`ROLE`] = "torchrun"
+/// (a child that is one of its ranks).
+pub fn torchrun_env(rank: usize, world: usize, port: &str, run_id: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (ROLE, "torchrun".to_string()),
+        ("RANK", rank.to_string()),
+        ("LOCAL_RANK", rank.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("LOCAL_WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".to_string()),
+        ("MASTER_PORT", port.to_string()),
+        ("TORCHELASTIC_RUN_ID", run_id.to_string()),
+    ]
+}
+
 /// This process's role, if it is a child.
 pub fn role() -> Option<String> {
     std::env::var(ROLE).ok()

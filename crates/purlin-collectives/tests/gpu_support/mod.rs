@@ -15,7 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use purlin_collectives::comm::{NcclType, Status};
 use purlin_collectives::{Comm, Error, ReduceOp};
 use purlin_snac::CollectiveSpec;
@@ -567,4 +568,19 @@ pub fn names_peer(e: &Error, peer: usize) -> bool {
 /// Whether `e` is one of the typed errors a failed peer may produce.
 pub fn is_fault_error(e: &Error) -> bool {
     matches!(e, Error::Poisoned(_) | Error::DeviceTimeout { .. } | Error::Timeout { .. } | Error::PeerLost { .. })
+}
+
+/// Captures every call of `bufs` on `comm`'s stream (raw pointers, nothing tracked).
+pub fn capture(comm: &Comm, bufs: &[Bufs]) -> CudaGraph {
+    let s = comm.stream();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
+    let issued: Vec<_> = bufs.iter().map(|b| b.issue(comm, comm.rank()).map_err(|e| (b.call.name(), e))).collect();
+    // Always end the capture, so a failed call leaves the stream usable and reports itself.
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    for r in issued {
+        if let Err((name, e)) = r {
+            panic!("rank {}: capturing {name}: {e}", comm.rank());
+        }
+    }
+    graph.unwrap_or_else(|e| panic!("rank {}: end capture: {e}", comm.rank())).expect("the capture made a graph")
 }
