@@ -11,6 +11,10 @@ pub const SMOKE_CU: &str = include_str!("../../../kernels/snac/smoke.cu");
 /// The torn-packet stress test (latency regime's 16-byte packets).
 pub const PACKET_STRESS_CU: &str = include_str!("../../../kernels/snac/packet_stress.cu");
 
+/// The latency-floor experiment (`examples/latency_floor.rs`): launch shapes and the least
+/// one-shot exchange, measured beside the executor.
+pub const LATENCY_FLOOR_CU: &str = include_str!("../../../kernels/snac/latency_floor.cu");
+
 /// The CUDA side of the parameter block's header (checked against purlin-snac's layout).
 pub const PARAMS_CUH: &str = include_str!("../../../kernels/snac/params.cuh");
 /// The device executor: interprets a SNAC plan, one kernel per call.
@@ -146,10 +150,20 @@ pub fn packet_stress_unit() -> TranslationUnit {
     }
 }
 
+/// The latency-floor experiment's translation unit.
+pub fn latency_floor_unit() -> TranslationUnit {
+    TranslationUnit {
+        name: "purlin_latency_floor".into(),
+        source: LATENCY_FLOOR_CU.into(),
+        headers: vec![("sync.cuh".into(), SYNC_CUH.into())],
+        options: vec![],
+    }
+}
+
 /// Every translation unit the runtime can request on `generation` at its default sizing,
 /// for prebuilding (`cargo xtask gpu-round`) and the CI compile checks.
 pub fn all_units(generation: Generation) -> Vec<TranslationUnit> {
-    let mut units = vec![smoke_unit(), packet_stress_unit()];
+    let mut units = vec![smoke_unit(), packet_stress_unit(), latency_floor_unit()];
     units.extend(executor_keys(AtomSpec::new(generation)).iter().map(ExecKey::unit));
     units
 }
