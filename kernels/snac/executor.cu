@@ -52,7 +52,7 @@ struct Runtime {
   u64 epochs;              // this rank's per-block epochs
   u64 control;             // this rank's poison word and failure record
   u64 timeout_ns;          // bound of every wait
-  u64 trace;               // debug trace (0: off): per block, trace_capacity entries of 4 words
+  u64 trace;               // debug trace (0: off): per block, trace_capacity entries of 5 words
   u64 trace_capacity;
 };
 
@@ -400,17 +400,27 @@ __device__ void run_step(const Ctx& x, u64 at, u64 c) {
   }
 }
 
+// Words per trace entry: block, step record offset, chunk, epoch, start time (ns).
+constexpr u64 kTraceWords = 5;
+
 __device__ __forceinline__ void trace(const Ctx& x, u64 at, u64 c) {
   if (x.rt->trace == 0 || purlin::atom::tid() != 0) return;
-  u64* t = (u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * 4;
-  const u64 n = t[0]++;  // entry 0 holds the count
+  u64* t = (u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords;
+  const u64 n = t[0]++;  // entry 0 holds the count (and, at exit, the block's end time)
   if (n + 1 < x.rt->trace_capacity) {
-    u64* e = t + 4 * (n + 1);
+    u64* e = t + kTraceWords * (n + 1);
     e[0] = blockIdx.x;
     e[1] = at;
     e[2] = c;
     e[3] = x.epoch;
+    e[4] = purlin::sync::now_ns();
   }
+}
+
+// The block's end in its trace header (entry 0, second word): when its last step finished.
+__device__ __forceinline__ void trace_end(const Ctx& x) {
+  if (x.rt->trace == 0 || purlin::atom::tid() != 0) return;
+  ((u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords)[1] = purlin::sync::now_ns();
 }
 
 // A barrier-separated check: did any thread of the block fail?
@@ -472,6 +482,7 @@ __device__ void run_block(const u64* w, const Runtime* rt) {
     }
     return;  // a failed call does not advance: the communicator is poisoned from here on
   }
+  trace_end(x);
   // Every thread shares the advance (s_agreed was settled before the last barrier): a grid of
   // one block must advance all epoch words, and one thread storing a thousand of them
   // serially was measured at several microseconds.

@@ -9,9 +9,10 @@
 //! same plan. Everything here is `#[doc(hidden)]`.
 //!
 //! The kernel's trace (`kernels/snac/executor.cu`, `trace`): per block, `capacity` entries of
-//! four `u64` words; entry 0 holds the number of steps the block recorded (first word), then
-//! one entry per executed step — `(block, word offset of the step's record in the parameter
-//! block, chunk, epoch at entry)` — recorded before the step runs, inactive loop iterations
+//! [`TRACE_WORDS`] `u64` words; entry 0 holds the number of steps the block recorded (first
+//! word) and the block's end time (second word), then one entry per executed step — `(block,
+//! word offset of the step's record in the parameter block, chunk, epoch at entry, start time
+//! in ns of the GPU's global timer)` — recorded before the step runs, inactive loop iterations
 //! included, exactly where the host executor records its [`TraceEntry`]. Here the word offset
 //! is mapped back to the host's step identity (top-level step index, loop-body index) by
 //! walking the plan's parameter words (layout: [`purlin_snac::params`]).
@@ -35,6 +36,19 @@ type StepMap = HashMap<u64, (u32, u32, Option<u32>)>;
 
 /// Most trace words one conformance launch may allocate (256 MiB).
 const MAX_TRACE_WORDS: usize = 32 << 20;
+
+/// Words per trace entry (`kTraceWords` in `kernels/snac/executor.cu`).
+const TRACE_WORDS: usize = 5;
+
+/// A block's trace with the GPU's global-timer stamps (see [`ConformanceLaunch::timed_trace`]).
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct TimedBlock {
+    /// What the block executed, in order, each with its start time (ns).
+    pub steps: Vec<(TraceEntry, u64)>,
+    /// When the block's last step finished (ns; 0 if it failed).
+    pub end_ns: u64,
+}
 
 /// A conformance launch in flight (see [`Comm::launch_plan_for_conformance`]).
 #[doc(hidden)]
@@ -181,9 +195,10 @@ impl Comm {
         let steps = step_offsets(plan, &words)?;
         let most = trace_entries_per_block(plan).into_iter().max().unwrap_or(0);
         let capacity = usize::try_from(most.saturating_add(1)).unwrap_or(usize::MAX);
-        let trace_words = capacity.checked_mul(4 * grid).filter(|&w| w <= MAX_TRACE_WORDS).ok_or_else(|| {
-            Error::Unsupported(format!("conformance: a trace of {most} steps per block × {grid} blocks"))
-        })?;
+        let trace_words =
+            capacity.checked_mul(TRACE_WORDS * grid).filter(|&w| w <= MAX_TRACE_WORDS).ok_or_else(|| {
+                Error::Unsupported(format!("conformance: a trace of {most} steps per block × {grid} blocks"))
+            })?;
         let stream = self.stream.clone();
         let trace = stream.alloc_zeros::<u64>(trace_words).map_err(driver("cuMemAllocAsync"))?;
         {
@@ -196,7 +211,7 @@ impl Comm {
             // SAFETY: `in_ptr`/`out_ptr` come from cudarc buffers on this GPU holding at least
             // the plan's input and output bytes (checked above), alive while the caller's
             // borrows last and ordered by cudarc's stream events; the trace buffer holds
-            // `capacity` entries of 4 words for each of the `grid` blocks and every block
+            // `capacity` entries of TRACE_WORDS words for each of the `grid` blocks and every block
             // records at most `capacity - 1` entries (the kernel also bounds its index by
             // `trace_capacity`); the workspace addresses are every rank's live workspace,
             // mapped until teardown, which synchronises first; the plan fits the workspace
@@ -215,10 +230,17 @@ impl ConformanceLaunch<'_> {
     /// communicator was poisoned (a wait expired) or an entry names no step record.
     #[doc(hidden)]
     pub fn trace(self) -> Result<Vec<TraceEntry>, Error> {
+        Ok(self.timed_trace()?.into_iter().flat_map(|b| b.steps.into_iter().map(|(e, _)| e)).collect())
+    }
+
+    /// [`ConformanceLaunch::trace`] per block, with every step's start time and the block's
+    /// end time (the GPU's global timer, ns): where a call's time goes, step by step.
+    #[doc(hidden)]
+    pub fn timed_trace(self) -> Result<Vec<TimedBlock>, Error> {
         let words = self.stream.clone_dtoh(&self.trace).map_err(driver("cuMemcpyDtoH"))?;
         self.comm.async_error()?;
-        let per_block = 4 * self.capacity;
-        let mut entries = Vec::new();
+        let per_block = TRACE_WORDS * self.capacity;
+        let mut blocks = Vec::new();
         for b in 0..self.grid {
             let t = &words[b * per_block..(b + 1) * per_block];
             let count = t[0] as usize;
@@ -228,7 +250,8 @@ impl ConformanceLaunch<'_> {
                     self.capacity - 1
                 )));
             }
-            for e in t[4..4 * (count + 1)].chunks_exact(4) {
+            let mut steps = Vec::with_capacity(count);
+            for e in t[TRACE_WORDS..TRACE_WORDS * (count + 1)].chunks_exact(TRACE_WORDS) {
                 let &(block, step, body) = self.steps.get(&e[1]).ok_or_else(|| {
                     Error::InvalidArgument(format!(
                         "conformance: block {b} traced parameter word {}, which starts no step record",
@@ -241,10 +264,11 @@ impl ConformanceLaunch<'_> {
                         e[0]
                     )));
                 }
-                entries.push(TraceEntry { block, step, body, chunk: e[2], epoch: e[3] });
+                steps.push((TraceEntry { block, step, body, chunk: e[2], epoch: e[3] }, e[4]));
             }
+            blocks.push(TimedBlock { steps, end_ns: t[1] });
         }
-        Ok(entries)
+        Ok(blocks)
     }
 }
 
