@@ -275,6 +275,14 @@ fn main() -> Result<()> {
         ("exchange-exec-shape", Kernel::Exchange, exec),
         ("purlin", Kernel::AllReduce, exec),
     ];
+    let spec = purlin_snac::CollectiveSpec::all_reduce(2, purlin_snac::DataType::F32, purlin_snac::ReduceOp::Sum, 2);
+    let plan = ranks[0].comm.plan_for_conformance(spec, false)?;
+    println!(
+        "FLOOR rank {first}: the 8-byte AllReduce runs a {:?} plan of {} blocks ({} steps)",
+        plan.regime,
+        plan.grid(),
+        plan.blocks.iter().map(|b| b.steps.len()).sum::<usize>()
+    );
     let mode = if ranks.len() == 1 { "one process per GPU" } else { "one process" };
     println!("FLOOR {mode}, rank {first}: graph of {CALLS} launches, median of {REPLAYS} replays, us per call");
     let mut results = Vec::new();
