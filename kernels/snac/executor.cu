@@ -417,7 +417,8 @@ __device__ __forceinline__ void trace(const Ctx& x, u64 at, u64 c) {
   }
 }
 
-// The block's end in its trace header (entry 0, second word): when its last step finished.
+// The block's end in its trace header (entry 0, second word): when its last step finished
+// (the third word holds when the block began).
 __device__ __forceinline__ void trace_end(const Ctx& x) {
   if (x.rt->trace == 0 || purlin::atom::tid() != 0) return;
   ((u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords)[1] = purlin::sync::now_ns();
@@ -433,6 +434,10 @@ __device__ void run_block(const u64* w, const Runtime* rt) {
   extern __shared__ __align__(16) u8 smem[];
   const ParamHeader* h = (const ParamHeader*)w;
   u64* control = (u64*)rt->control;
+  // Trace header, third word: when the block began (before its first load).
+  if (rt->trace != 0 && purlin::atom::tid() == 0) {
+    ((u64*)rt->trace + (u64)blockIdx.x * rt->trace_capacity * kTraceWords)[2] = purlin::sync::now_ns();
+  }
   __shared__ u64 s_epoch;
   __shared__ int s_skip;
   if (purlin::atom::tid() == 0) {

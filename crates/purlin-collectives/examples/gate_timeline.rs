@@ -2,7 +2,7 @@
 //! AllGather against the Atom's copy at the same block count).
 //!
 //! ```text
-//! ./gate_timeline [--collective all-gather|all-reduce|reduce-scatter] [--mib 256] [--runs 3]
+//! ./gate_timeline [--collective all-gather|all-reduce|reduce-scatter] [--mib 256 | --bytes N] [--runs 3]
 //! ```
 //!
 //! Both GPUs in one process. Each rank runs the plan a call would run (same tuning, same
@@ -53,12 +53,15 @@ struct RoleTimes {
 
 /// Summarises one rank's timed trace.
 fn report(rank: usize, plan: &Plan, blocks: &[TimedBlock], bus_bytes: f64) -> Result<()> {
-    let t0 = blocks.iter().filter_map(|b| b.steps.first().map(|s| s.1)).min().context("an empty trace")?;
+    let t0 = blocks.iter().map(|b| b.begin_ns).min().context("an empty trace")?;
+    let first_step = blocks.iter().filter_map(|b| b.steps.first().map(|s| s.1)).min().unwrap_or(t0);
     let t_end = blocks.iter().map(|b| b.end_ns).max().unwrap_or(t0);
     let span_us = (t_end - t0) as f64 / 1e3;
     println!(
-        "TIMELINE rank {rank}: {} blocks, span {span_us:.1} us, busbw {:.1} GB/s",
+        "TIMELINE rank {rank}: {} blocks, span {span_us:.2} us (first block began +0, first step +{:.2}, last block began +{:.2}), busbw {:.1} GB/s",
         blocks.len(),
+        (first_step - t0) as f64 / 1e3,
+        (blocks.iter().map(|b| b.begin_ns).max().unwrap_or(t0) - t0) as f64 / 1e3,
         bus_bytes / (span_us * 1e3)
     );
     // Per role: time in each step kind (mean over its blocks), first start, last end.
@@ -73,9 +76,7 @@ fn report(rank: usize, plan: &Plan, blocks: &[TimedBlock], bus_bytes: f64) -> Re
             let name = step_of(plan, e.block, e.step, e.body).map_or("?", Step::name);
             *entry.per_kind_us.entry(name).or_insert(0.0) += (next.saturating_sub(*start)) as f64 / 1e3;
         }
-        if let Some((_, s)) = tb.steps.first() {
-            entry.first = entry.first.min(*s);
-        }
+        entry.first = entry.first.min(tb.begin_ns);
         entry.last = entry.last.max(tb.end_ns);
         entry.first_end = entry.first_end.min(tb.end_ns);
     }
@@ -102,7 +103,7 @@ fn report(rank: usize, plan: &Plan, blocks: &[TimedBlock], bus_bytes: f64) -> Re
             .iter()
             .map(|(e, s)| {
                 let name = step_of(plan, e.block, e.step, e.body).map_or("?", Step::name);
-                format!("{name}[{}]@{:.1}", e.chunk, (*s - t0) as f64 / 1e3)
+                format!("{name}[{}]@{:.2}", e.chunk, (*s - t0) as f64 / 1e3)
             })
             .collect();
         println!(
@@ -128,14 +129,16 @@ fn main() -> Result<()> {
     let collective = arg(&args, "--collective").unwrap_or_else(|| "all-gather".into());
     let mib: u64 = arg(&args, "--mib").map_or(Ok(256), |s| s.parse()).context("--mib")?;
     let runs: usize = arg(&args, "--runs").map_or(Ok(3), |s| s.parse()).context("--runs")?;
+    // --bytes: an exact size (the larger buffer), for latency-regime calls.
+    let bytes: u64 = arg(&args, "--bytes").map_or(Ok(mib << 20), |s| s.parse()).context("--bytes")?;
     if !purlin_collectives::topo::driver_present() || purlin_collectives::topo::device_count() < 2 {
         bail!("gate_timeline needs 2 GPUs");
     }
     let streams = (0..2).map(|d| Ok(CudaContext::new(d)?.new_stream()?)).collect::<Result<Vec<_>>>()?;
     let comms = Comm::from_devices_with_config(streams, CommConfig::from_env()?)?;
     let world = 2u64;
-    // Sizes as purlin-bench counts them: `mib` is the larger buffer; f32 elements.
-    let big = (mib << 20) / 4;
+    // Sizes as purlin-bench counts them: `bytes` is the larger buffer; f32 elements.
+    let big = bytes / 4;
     let (spec, in_count, out_count) = match collective.as_str() {
         "all-gather" => (CollectiveSpec::all_gather(2, DataType::F32, big / world), big / world, big),
         "all-reduce" => (CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, big), big, big),
@@ -171,7 +174,7 @@ fn main() -> Result<()> {
         _ => (big * 4) as f64 * 0.5,
     };
     println!(
-        "TIMELINE {collective} {mib} MiB, f32, plan grid {} ({}), {runs} runs (first is warm-up)",
+        "TIMELINE {collective} {bytes} bytes, f32, plan grid {} ({}), {runs} runs (first is warm-up)",
         plans[0].grid(),
         plans[0]
             .blocks

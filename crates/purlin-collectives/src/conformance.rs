@@ -10,7 +10,7 @@
 //!
 //! The kernel's trace (`kernels/snac/executor.cu`, `trace`): per block, `capacity` entries of
 //! [`TRACE_WORDS`] `u64` words; entry 0 holds the number of steps the block recorded (first
-//! word) and the block's end time (second word), then one entry per executed step — `(block,
+//! word), the block's end time (second word) and its start time (third word), then one entry per executed step — `(block,
 //! word offset of the step's record in the parameter block, chunk, epoch at entry, start time
 //! in ns of the GPU's global timer)` — recorded before the step runs, inactive loop iterations
 //! included, exactly where the host executor records its [`TraceEntry`]. Here the word offset
@@ -48,6 +48,8 @@ pub struct TimedBlock {
     pub steps: Vec<(TraceEntry, u64)>,
     /// When the block's last step finished (ns; 0 if it failed).
     pub end_ns: u64,
+    /// When the block began, before its entry loads (ns).
+    pub begin_ns: u64,
 }
 
 /// A conformance launch in flight (see [`Comm::launch_plan_for_conformance`]).
@@ -266,7 +268,7 @@ impl ConformanceLaunch<'_> {
                 }
                 steps.push((TraceEntry { block, step, body, chunk: e[2], epoch: e[3] }, e[4]));
             }
-            blocks.push(TimedBlock { steps, end_ns: t[1] });
+            blocks.push(TimedBlock { steps, end_ns: t[1], begin_ns: t[2] });
         }
         Ok(blocks)
     }
