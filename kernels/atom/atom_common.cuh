@@ -7,7 +7,8 @@
 //   - 8- and 16-bit floats accumulate in f32; results round to nearest even, once;
 //   - e4m3 (the "fn" variant: no infinities) saturates to +-448 on overflow and on +-Inf;
 //   - e5m2 overflows to +-Inf;
-//   - NaN stays NaN (payloads are not specified);
+//   - NaN stays NaN (payloads are not specified, except that a bf16 encode keeps sign and top
+//     payload bits, quieted, like the host Atom; f32 arithmetic on the GPU makes its own NaN);
 //   - min/max propagate NaN (a NaN operand gives NaN), and on ties keep the earlier rank;
 //   - i32/u32 sum and prod wrap (two's complement).
 // This file never includes anything from kernels/snac/.
@@ -88,6 +89,46 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {
   x += 0x7fffu + ((x >> 16) & 1u);
   return (u16)(x >> 16);
 }
+
+// Two bf16 in one word (lo in bits 0..15), the software way: ~7 integer ops and a NaN
+// test per element, then the halves merged.
+__device__ __forceinline__ u32 bf16x2_soft(float lo, float hi) {
+  return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+}
+
+// Fast 16-bit float packing (sm_80+): one `cvt.rn.bf16x2.f32` (F2FP.BF16.F32.PACK_AB) per two
+// elements instead of ~16 integer ops, round to nearest even like the software recipe. The
+// hardware turns every NaN into 0x7fff (H200: the device test fails without the fix-up), so
+// packers test a vector's accumulators for NaN (one FSETP per pair, chained) and redo the rare
+// vector that holds one with the software code: results stay bit-identical to the software
+// path and the host Atom's encode, payloads included.
+// PURLIN_ATOM_SOFT_CONVERT=1 (AtomParams::soft_convert) keeps the software path, for
+// measuring the difference in one run. f16 needs nothing here: the compiler already fuses two
+// cvt.rn.f16.f32 and the merge into one F2FP.F16.F32.PACK_AB (9 instructions per 16-byte
+// store on sm_90, against 67 for software bf16).
+#ifndef PURLIN_ATOM_SOFT_CONVERT
+#define PURLIN_ATOM_SOFT_CONVERT 0
+#endif
+#if !PURLIN_ATOM_SOFT_CONVERT && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define PURLIN_ATOM_HW_BF16X2 1
+#else
+#define PURLIN_ATOM_HW_BF16X2 0
+#endif
+
+#if PURLIN_ATOM_HW_BF16X2
+// PTX: the first source goes to the upper half.
+__device__ __forceinline__ u32 bf16x2_hw(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// Whether either is NaN (one `setp.nan`).
+__device__ __forceinline__ bool any_nan2(float a, float b) {
+  u32 r;
+  asm("{\n .reg .pred p;\n setp.nan.f32 p, %1, %2;\n selp.u32 %0, 1, 0, p;\n}" : "=r"(r) : "f"(a), "f"(b));
+  return r != 0;
+}
+#endif
 
 // fp8 decode: (EXP bits, MAN bits, BIAS); FN = no infinities (e4m3: only S.1111.111 is NaN).
 template <int EXP, int MAN, int BIAS, bool FN>
@@ -170,9 +211,42 @@ struct F16 {
 struct BF16 {
   typedef u16 storage;
   typedef float acc;
+  static constexpr u32 kLanes = 8;
   __device__ __forceinline__ static float decode(u16 s) { return bf16_to_f32(s); }
   __device__ __forceinline__ static u16 encode(float a) { return f32_to_bf16(a); }
-  PURLIN_ATOM_WORD_LANES(BF16, 16)
+  // Decoding is exact and one op per lane either way (w << 16, w & 0xffff0000).
+  __device__ __forceinline__ static void unpack(const V16& v, float* a) {
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) {
+      a[2 * j] = bits_f32(v.w[j] << 16);
+      a[2 * j + 1] = bits_f32(v.w[j] & 0xffff0000u);
+    }
+  }
+  __device__ __forceinline__ static V16 pack(const float* a) {
+    V16 v;
+#if PURLIN_ATOM_HW_BF16X2
+    // sm_90, cp.async reduce loop, per 16-byte store: 4 F2FP + 4 FSETP + a branch around
+    // the NaN fix-up, against 67 instructions for the software path.
+    bool nan = false;
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) {
+      v.w[j] = bf16x2_hw(a[2 * j], a[2 * j + 1]);
+      nan = nan | any_nan2(a[2 * j], a[2 * j + 1]);
+    }
+    if (__builtin_expect(nan, 0)) fix_nan(a, v);
+#else
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) v.w[j] = bf16x2_soft(a[2 * j], a[2 * j + 1]);
+#endif
+    return v;
+  }
+#if PURLIN_ATOM_HW_BF16X2
+  // The rare vector with a NaN: every lane gets the software code (NaN lanes differ).
+  __device__ __forceinline__ static void fix_nan(const float* a, V16& v) {
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) v.w[j] = bf16x2_soft(a[2 * j], a[2 * j + 1]);
+  }
+#endif
 };
 struct E4M3 {
   typedef u8 storage;

@@ -82,14 +82,31 @@ PURLIN_ATOM_REDUCE_OPS(u32, U32)
 #endif
 
 // Conversions, for the device tests: decode codes to f32 bits, encode f32 bits to codes.
-#define PURLIN_ATOM_CONVERT_KERNELS(TNAME, T)                                                       \
-  extern "C" __global__ void purlin_atom_decode_##TNAME(u32* out, const T::storage* in, u64 n) {    \
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) \
-      out[i] = __float_as_uint(T::decode(in[i]));                                                   \
-  }                                                                                                 \
-  extern "C" __global__ void purlin_atom_encode_##TNAME(T::storage* out, const u32* in, u64 n) {    \
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) \
-      out[i] = T::encode(__uint_as_float(in[i]));                                                   \
+// Whole 16-byte vectors go through T::unpack/T::pack, the reduce path (for bf16 on sm_80+
+// the paired hardware encode with its NaN fix-up), the rest (and pointers that are not
+// 16-byte aligned) through T::decode/T::encode, the scalar path of heads and tails.
+#define PURLIN_ATOM_CONVERT_KERNELS(TNAME, T)                                                          \
+  extern "C" __global__ void purlin_atom_decode_##TNAME(u32* out, const T::storage* in, u64 n) {       \
+    const u64 first = blockIdx.x * (u64)blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;  \
+    const bool vec = (((u64)out | (u64)in) & 15u) == 0;                                                \
+    const u64 nv = vec ? n / T::kLanes : 0;                                                            \
+    for (u64 j = first; j < nv; j += step) {                                                           \
+      T::acc a[T::kLanes];                                                                             \
+      T::unpack(ld_global_v16(in + j * T::kLanes), a);                                                 \
+      for (u32 e = 0; e < T::kLanes; ++e) out[j * T::kLanes + e] = __float_as_uint(a[e]);              \
+    }                                                                                                  \
+    for (u64 i = nv * T::kLanes + first; i < n; i += step) out[i] = __float_as_uint(T::decode(in[i])); \
+  }                                                                                                    \
+  extern "C" __global__ void purlin_atom_encode_##TNAME(T::storage* out, const u32* in, u64 n) {       \
+    const u64 first = blockIdx.x * (u64)blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;  \
+    const bool vec = (((u64)out | (u64)in) & 15u) == 0;                                                \
+    const u64 nv = vec ? n / T::kLanes : 0;                                                            \
+    for (u64 j = first; j < nv; j += step) {                                                           \
+      T::acc a[T::kLanes];                                                                             \
+      for (u32 e = 0; e < T::kLanes; ++e) a[e] = __uint_as_float(in[j * T::kLanes + e]);               \
+      st_global_v16(out + j * T::kLanes, T::pack(a));                                                  \
+    }                                                                                                  \
+    for (u64 i = nv * T::kLanes + first; i < n; i += step) out[i] = T::encode(__uint_as_float(in[i])); \
   }
 #ifdef PURLIN_ATOM_WITH_F16
 PURLIN_ATOM_CONVERT_KERNELS(f16, F16)

@@ -152,6 +152,10 @@ pub struct AtomParams {
     /// Hopper and Blackwell: copy through the bulk-copy (TMA) engine instead of `cp.async`
     /// (opt-in, for measuring; reduce stays on `cp.async`).
     pub bulk: bool,
+    /// Encode bf16 with the integer recipe instead of sm_80+'s paired hardware conversion
+    /// (`PURLIN_ATOM_SOFT_CONVERT 1`; opt-in, for measuring what the conversions cost; the
+    /// results are bit-identical either way). Below sm_80 the software path is the only one.
+    pub soft_convert: bool,
 }
 
 /// Errors in [`AtomParams`].
@@ -170,9 +174,11 @@ impl AtomParams {
     /// The defaults of `generation` (the same as its header's).
     pub const fn default_for(generation: Generation) -> AtomParams {
         match generation {
-            Generation::Generic => AtomParams { threads: 512, depth: 8, vecs: 1, bulk: false },
-            Generation::Ampere => AtomParams { threads: 512, depth: 4, vecs: 2, bulk: false },
-            Generation::Hopper | Generation::Blackwell => AtomParams { threads: 512, depth: 5, vecs: 2, bulk: false },
+            Generation::Generic => AtomParams { threads: 512, depth: 8, vecs: 1, bulk: false, soft_convert: false },
+            Generation::Ampere => AtomParams { threads: 512, depth: 4, vecs: 2, bulk: false, soft_convert: false },
+            Generation::Hopper | Generation::Blackwell => {
+                AtomParams { threads: 512, depth: 5, vecs: 2, bulk: false, soft_convert: false }
+            }
         }
     }
 }
@@ -259,6 +265,9 @@ impl AtomSpec {
         } else {
             s += &format!("#define PURLIN_ATOM_UNROLL {}\n", p.depth);
         }
+        if p.soft_convert {
+            s += "#define PURLIN_ATOM_SOFT_CONVERT 1\n";
+        }
         s
     }
 
@@ -272,14 +281,15 @@ impl AtomSpec {
         h
     }
 
-    /// A short label, e.g. `hopper-t512-s5v2`.
+    /// A short label, e.g. `hopper-t512-s5v2` (`-bulk`, `-soft` for the opt-in variants).
     pub fn label(&self) -> String {
         let p = &self.params;
+        let soft = if p.soft_convert { "-soft" } else { "" };
         if self.generation.pipelined() {
             let bulk = if p.bulk { "-bulk" } else { "" };
-            format!("{}-t{}-s{}v{}{bulk}", self.generation, p.threads, p.depth, p.vecs)
+            format!("{}-t{}-s{}v{}{bulk}{soft}", self.generation, p.threads, p.depth, p.vecs)
         } else {
-            format!("{}-t{}-u{}", self.generation, p.threads, p.depth)
+            format!("{}-t{}-u{}{soft}", self.generation, p.threads, p.depth)
         }
     }
 }
@@ -326,16 +336,28 @@ mod tests {
         assert_eq!(spec.bytes_in_flight(), 4 * 2 * 16 * 512);
         assert_eq!(AtomSpec::new(Generation::Generic).smem_bytes(), 0);
         assert_eq!(AtomSpec::new(Generation::Generic).bytes_in_flight(), 8 * 16 * 512);
-        let bad = AtomParams { threads: 100, depth: 4, vecs: 2, bulk: false };
+        let bad = AtomParams { threads: 100, depth: 4, vecs: 2, bulk: false, soft_convert: false };
         assert!(AtomSpec::with_params(Generation::Ampere, bad).is_err());
-        let huge = AtomParams { threads: 1024, depth: 16, vecs: 8, bulk: false };
+        let huge = AtomParams { threads: 1024, depth: 16, vecs: 8, bulk: false, soft_convert: false };
         assert!(AtomSpec::with_params(Generation::Hopper, huge).is_err());
-        let one_stage = AtomParams { threads: 256, depth: 1, vecs: 2, bulk: false };
+        let one_stage = AtomParams { threads: 256, depth: 1, vecs: 2, bulk: false, soft_convert: false };
         assert!(AtomSpec::with_params(Generation::Hopper, one_stage).is_err());
         let bulk = AtomParams { bulk: true, ..AtomParams::default_for(Generation::Ampere) };
         assert!(AtomSpec::with_params(Generation::Ampere, bulk).is_err());
         let bulk = AtomSpec::with_params(Generation::Hopper, AtomParams { bulk: true, ..spec.params }).unwrap();
         assert!(bulk.config_header().contains("PURLIN_ATOM_BULK 1") && bulk.label().ends_with("-bulk"));
+        // The software-conversion variant: a define and a label of its own; the defaults
+        // keep their labels (kernel cache names, bench rows).
+        assert_eq!(spec.label(), "hopper-t512-s5v2");
+        assert_eq!(AtomSpec::new(Generation::Generic).label(), "generic-t512-u8");
+        assert!(!spec.config_header().contains("SOFT_CONVERT"));
+        for g in Generation::ALL {
+            let soft =
+                AtomSpec::with_params(g, AtomParams { soft_convert: true, ..AtomParams::default_for(g) }).unwrap();
+            assert!(soft.config_header().contains("#define PURLIN_ATOM_SOFT_CONVERT 1"), "{g}");
+            assert_eq!(soft.label(), format!("{}-soft", AtomSpec::new(g).label()));
+            assert_eq!(soft.smem_bytes(), AtomSpec::new(g).smem_bytes());
+        }
         let h = spec.headers();
         for name in ["atom.cuh", "atom_impl.cuh", "atom_config.cuh", "atom_common.cuh"] {
             assert!(h.iter().any(|(n, _)| n == name), "{name} missing");

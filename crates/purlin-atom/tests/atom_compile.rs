@@ -43,6 +43,14 @@ fn every_atom_compiles_to_cubin_for_sm75_sm80_sm90_sm100() {
         jobs.push((sources::standalone_unit(&spec, None), arch));
         jobs.push((sources::standalone_unit(&spec, Some(purlin_atom::DType::BF16)), arch));
     }
+    // The software-conversion variant (PURLIN_ATOM_SOFT_CONVERT 1): its bf16 unit on every
+    // generation's own architecture (generic on sm_75, where it is the only path anyway).
+    for generation in Generation::ALL {
+        let arch = if generation == Generation::Generic { SM75 } else { generation.min_arch() };
+        let params = AtomParams { soft_convert: true, ..AtomParams::default_for(generation) };
+        let spec = AtomSpec::with_params(generation, params).unwrap();
+        jobs.push((sources::standalone_unit(&spec, Some(purlin_atom::DType::BF16)), arch));
+    }
     let started = std::time::Instant::now();
     let compiled = cache.get_or_compile_all(&jobs, workers()).unwrap_or_else(|e| panic!("{e}"));
     for ((unit, arch), k) in jobs.iter().zip(&compiled) {
@@ -88,7 +96,7 @@ fn header_constants_match_the_rust_side() {
         jobs.push((contract_unit(&spec, no_config), arch));
         jobs.push((contract_unit(&spec, spec.headers()), arch));
         // A non-default sizing travels through the generated config.
-        let params = AtomParams { threads: 256, depth: 3, vecs: 4, bulk: false };
+        let params = AtomParams { threads: 256, depth: 3, vecs: 4, bulk: false, soft_convert: false };
         let custom = AtomSpec::with_params(generation, params).unwrap();
         jobs.push((contract_unit(&custom, custom.headers()), arch));
     }
