@@ -1,8 +1,8 @@
 // The device executor: one kernel per call that runs a SNAC plan (crates/purlin-snac, the
-// plan contract in its crate docs) on one rank. Block b interprets its program from the
-// parameter block, a __grid_constant__ kernel parameter, so the first step needs no
-// dependent global load. Data moves through the Atom (atom.cuh); every memory-ordering
-// operation is a call into sync.cuh.
+// plan contract in its crate docs) on one rank. The plan travels as a __grid_constant__
+// kernel parameter; block b copies it (up to 1024 words) into shared memory at entry and
+// interprets its program there. Data moves through the Atom (atom.cuh); every
+// memory-ordering operation is a call into sync.cuh.
 //
 // Compile-time part (the kernel key, as -D options): PURLIN_T (an Atom element type),
 // PURLIN_OP (an Atom reduce operator), PURLIN_AVG (sum then divide by world),
@@ -357,7 +357,12 @@ __device__ void run_step(const Ctx& x, u64 at, u64 c) {
     case kArrive: {
       if (!admits(r + 1, c)) return;
       __syncthreads();
-      if (lead) {
+      if (lead && r[4] == 1) {
+        // A lane with one arriver (the usual lane): it is always the last, and its counter
+        // would only go 0 -> 1 -> 0, so the atomic round trip is skipped.
+        purlin::sync::publish_fence();
+        for (u32 i = 0; i < count; ++i) notify_store(x, r + 5 + 4 * i, c);
+      } else if (lead) {
         u64* counter = (u64*)x.rt->counters + idx_at(r[3], c);
         const u64 arrivals = r[4];
         const u64 before = purlin::sync::atom_add_acq_rel_gpu(counter, 1);
@@ -403,10 +408,14 @@ __device__ void run_step(const Ctx& x, u64 at, u64 c) {
 // Words per trace entry: block, step record offset, chunk, epoch, start time (ns).
 constexpr u64 kTraceWords = 5;
 
+// Steps this block traced so far (thread 0 only; written to the trace header at the end, so
+// tracing adds no global load per step).
+__shared__ u64 s_trace_count;
+
 __device__ __forceinline__ void trace(const Ctx& x, u64 at, u64 c) {
   if (x.rt->trace == 0 || purlin::atom::tid() != 0) return;
   u64* t = (u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords;
-  const u64 n = t[0]++;  // entry 0 holds the count (and, at exit, the block's end time)
+  const u64 n = s_trace_count++;
   if (n + 1 < x.rt->trace_capacity) {
     u64* e = t + kTraceWords * (n + 1);
     e[0] = blockIdx.x;
@@ -417,11 +426,13 @@ __device__ __forceinline__ void trace(const Ctx& x, u64 at, u64 c) {
   }
 }
 
-// The block's end in its trace header (entry 0, second word): when its last step finished
-// (the third word holds when the block began).
-__device__ __forceinline__ void trace_end(const Ctx& x) {
+// The trace header (entry 0): steps recorded, then when the block's last step finished (0 if
+// the block failed); its third word holds when the block began.
+__device__ __forceinline__ void trace_end(const Ctx& x, bool ok) {
   if (x.rt->trace == 0 || purlin::atom::tid() != 0) return;
-  ((u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords)[1] = purlin::sync::now_ns();
+  u64* t = (u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords;
+  t[0] = s_trace_count;
+  if (ok) t[1] = purlin::sync::now_ns();
 }
 
 // A barrier-separated check: did any thread of the block fail?
@@ -430,25 +441,52 @@ __device__ __forceinline__ bool block_failed() {
   return s_failure.code != 0;
 }
 
-__device__ void run_block(const u64* w, const Runtime* rt) {
+// Words of the parameter block copied into shared memory at entry (every latency plan fits).
+constexpr u32 kPrefetchWords = PURLIN_PARAM_WORDS < 1024 ? PURLIN_PARAM_WORDS : 1024;
+static_assert(kPrefetchWords % 2 == 0, "copied 16 bytes at a time");
+static_assert(sizeof(Runtime) % 16 == 0, "copied 16 bytes at a time");
+
+// One 16-byte load through the generic address space (kernel parameters included).
+__device__ __forceinline__ void ld_pair(const u64* p, u64* dst) {
+  u64 a, b;
+  asm("ld.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p));
+  dst[0] = a;
+  dst[1] = b;
+}
+
+__device__ void run_block(const u64* params, const Runtime* runtime) {
   extern __shared__ __align__(16) u8 smem[];
-  const ParamHeader* h = (const ParamHeader*)w;
-  u64* control = (u64*)rt->control;
-  // Trace header, third word: when the block began (before its first load).
-  if (rt->trace != 0 && purlin::atom::tid() == 0) {
-    ((u64*)rt->trace + (u64)blockIdx.x * rt->trace_capacity * kTraceWords)[2] = purlin::sync::now_ns();
+  // The interpreter reads its program word by word, each word's address depending on the
+  // last: from the constant bank, that is a chain of cache misses (measured: a one-block,
+  // two-step latency plan spent ~1.8 us more than the same exchange hand-written). So the
+  // Runtime and the first kPrefetchWords parameter words are copied into shared memory by
+  // every thread at once, one coalesced round trip beside the entry's global loads; a plan
+  // longer than that is read from the parameter block as before.
+  __shared__ __align__(16) u64 s_words[kPrefetchWords];
+  __shared__ __align__(16) Runtime s_rt;
+  const u32 t = purlin::atom::tid(), nt = purlin::atom::nthreads();
+  if (runtime->trace != 0 && t == 0) {
+    // Trace header, third word: when the block began (before its first load).
+    ((u64*)runtime->trace + (u64)blockIdx.x * runtime->trace_capacity * kTraceWords)[2] = purlin::sync::now_ns();
   }
+  for (u32 i = t; i < kPrefetchWords / 2; i += nt) ld_pair(params + 2 * i, s_words + 2 * i);
+  for (u32 i = t; i < sizeof(Runtime) / 16; i += nt) ld_pair((const u64*)runtime + 2 * i, (u64*)&s_rt + 2 * i);
   __shared__ u64 s_epoch;
-  __shared__ int s_skip;
-  if (purlin::atom::tid() == 0) {
+  __shared__ int s_poisoned;
+  if (t == 0) {
     s_failure = Failure{0, 0, 0, 0};
     s_agreed = 0;
+    s_trace_count = 0;
     // A poisoned communicator runs nothing (the rest of a captured graph exits at once).
-    s_skip = purlin::sync::poisoned(control) || h->magic != kParamMagic || h->version != kParamVersion;
-    s_epoch = ((const u64*)rt->epochs)[blockIdx.x];
+    s_poisoned = purlin::sync::poisoned((const u64*)runtime->control);
+    s_epoch = ((const u64*)runtime->epochs)[blockIdx.x];
   }
   __syncthreads();
-  if (s_skip) return;
+  const u64* w = ((const ParamHeader*)s_words)->total_words <= kPrefetchWords ? s_words : params;
+  const Runtime* rt = &s_rt;
+  u64* control = (u64*)rt->control;
+  const ParamHeader* h = (const ParamHeader*)w;
+  if (s_poisoned || h->magic != kParamMagic || h->version != kParamVersion) return;
   Ctx x{w, rt, s_epoch, s_epoch & 1, h->world, h->rank, smem};
   const u64* entry = w + h->block_table + 3 * blockIdx.x;
   u64 at = entry[1];
@@ -480,6 +518,7 @@ __device__ void run_block(const u64* w, const Runtime* rt) {
       at += record_words;
     }
   }
+  trace_end(x, ok);
   if (!ok) {
     if (purlin::atom::tid() == 0 && s_failure.code != 2) {
       purlin::sync::poison_with(control, s_failure.peer_plus_one, x.epoch, blockIdx.x, s_failure.step,
@@ -487,7 +526,6 @@ __device__ void run_block(const u64* w, const Runtime* rt) {
     }
     return;  // a failed call does not advance: the communicator is poisoned from here on
   }
-  trace_end(x);
   // Every thread shares the advance (s_agreed was settled before the last barrier): a grid of
   // one block must advance all epoch words, and one thread storing a thousand of them
   // serially was measured at several microseconds.

@@ -53,3 +53,44 @@ extern "C" __global__ void floor_exchange(const __grid_constant__ BigParams p, p
   *out = x + y;
   *epoch = e;
 }
+
+// How the executor reads its program. `floor_chain`: thread 0 follows 8 dependent parameter
+// words (each names the next, 128 bytes apart), as an interpreter reading records from the
+// constant bank does. `floor_prefetch_ldc` / `floor_prefetch_generic`: every thread first
+// copies the first 1024 words into shared memory (indexed parameter reads / 16-byte loads
+// through the generic address space, as the executor does), then thread 0 follows the same
+// chain there. The host writes the chain (w[16k] = 16(k + 1), w[128] = 0).
+constexpr unsigned int kFloorChainHops = 8;
+constexpr unsigned int kFloorPrefetch = 1024;
+
+extern "C" __global__ void floor_chain(const __grid_constant__ BigParams p, u64* sink) {
+  if (threadIdx.x != 0) return;
+  u64 at = 0;
+  for (unsigned int i = 0; i < kFloorChainHops; ++i) at = p.w[at];
+  if (at != 0) sink[0] = at;
+}
+
+extern "C" __global__ void floor_prefetch_ldc(const __grid_constant__ BigParams p, u64* sink) {
+  __shared__ u64 s[kFloorPrefetch];
+  for (unsigned int i = threadIdx.x; i < kFloorPrefetch; i += blockDim.x) s[i] = p.w[i];
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  u64 at = 0;
+  for (unsigned int i = 0; i < kFloorChainHops; ++i) at = s[at];
+  if (at != 0) sink[0] = at;
+}
+
+extern "C" __global__ void floor_prefetch_generic(const __grid_constant__ BigParams p, u64* sink) {
+  __shared__ __align__(16) u64 s[kFloorPrefetch];
+  for (unsigned int i = threadIdx.x; i < kFloorPrefetch / 2; i += blockDim.x) {
+    u64 a, b;
+    asm("ld.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p.w + 2 * i));
+    s[2 * i] = a;
+    s[2 * i + 1] = b;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  u64 at = 0;
+  for (unsigned int i = 0; i < kFloorChainHops; ++i) at = s[at];
+  if (at != 0) sink[0] = at;
+}

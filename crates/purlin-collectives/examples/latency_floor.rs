@@ -13,6 +13,10 @@
 //!   cooperative attribute, 2 blocks);
 //! - `entry`: the executor's entry and exit without a plan (poison word and epoch loads,
 //!   barriers, epoch store) in the executor's launch shape;
+//! - `chain8`: 8 dependent parameter-word reads by one thread (an interpreter reading its
+//!   records from the constant bank); `prefetch-ldc` / `prefetch-generic`: the first 1024
+//!   words copied into shared memory by every thread (indexed parameter reads / 16-byte
+//!   generic loads, as the executor does), then the same chain there;
 //! - `exchange-min`: the least one-shot 8-byte AllReduce (one 16-byte packet each way, one
 //!   thread), smallest launch; `exchange-exec-shape`: the same in the executor's shape;
 //! - `purlin`: the real `Comm::all_reduce` of 8 bytes (f32 sum);
@@ -33,7 +37,15 @@ const CALLS: usize = 200;
 const REPLAYS: usize = 40;
 const PARAM_WORDS: usize = 3968;
 const DEVICE_TIMEOUT: Duration = Duration::from_secs(2);
-const FUNCTIONS: [&str; 4] = ["floor_empty", "floor_empty_big", "floor_entry", "floor_exchange"];
+const FUNCTIONS: [&str; 7] = [
+    "floor_empty",
+    "floor_empty_big",
+    "floor_entry",
+    "floor_exchange",
+    "floor_chain",
+    "floor_prefetch_ldc",
+    "floor_prefetch_generic",
+];
 
 /// The executor's parameter block size (`kernels.rs`: EXEC_PARAM_WORDS).
 #[repr(C)]
@@ -67,6 +79,9 @@ struct Shape {
 #[derive(Clone, Copy)]
 enum Kernel {
     Empty,
+    Chain,
+    PrefetchLdc,
+    PrefetchGeneric,
     EmptyBig,
     Entry,
     Exchange,
@@ -137,6 +152,9 @@ impl Rank {
             Kernel::EmptyBig => "floor_empty_big",
             Kernel::Entry => "floor_entry",
             Kernel::Exchange => "floor_exchange",
+            Kernel::Chain => "floor_chain",
+            Kernel::PrefetchLdc => "floor_prefetch_ldc",
+            Kernel::PrefetchGeneric => "floor_prefetch_generic",
             Kernel::AllReduce => {
                 self.comm.all_reduce(&self.ar_in, &mut self.ar_out, &ReduceOp::Sum)?;
                 return Ok(());
@@ -175,7 +193,7 @@ impl Rank {
         let mut b = self.stream.launch_builder(f);
         match kernel {
             Kernel::Empty => b.arg(&sink),
-            Kernel::EmptyBig => b.arg(big).arg(&sink),
+            Kernel::EmptyBig | Kernel::Chain | Kernel::PrefetchLdc | Kernel::PrefetchGeneric => b.arg(big).arg(&sink),
             Kernel::Entry => b.arg(big).arg(&control).arg(&epochs),
             _ => {
                 b.arg(big).arg(&peer_slots).arg(&my_slots).arg(&epoch).arg(&x).arg(&sum).arg(&control).arg(&timeout_ns)
@@ -204,7 +222,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Per-call microseconds of `kernel` on every rank of this process, graph-replayed.
 fn measure(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64> {
-    let big = Box::new(BigParams { w: [0; PARAM_WORDS] });
+    let mut big = Box::new(BigParams { w: [0; PARAM_WORDS] });
+    if matches!(kernel, Kernel::Chain | Kernel::PrefetchLdc | Kernel::PrefetchGeneric) {
+        // The chain the kernels follow: w[16k] = 16(k + 1) for k < 8, ending at w[128] = 0.
+        for k in 0..8 {
+            big.w[16 * k] = 16 * (k as u64 + 1);
+        }
+    }
     let mut graphs: Vec<CudaGraph> = Vec::new();
     for r in ranks.iter_mut() {
         r.comm.context().bind_to_thread()?;
@@ -264,13 +288,16 @@ fn main() -> Result<()> {
     let smem = purlin_atom::AtomSpec::new(purlin_atom::Generation::Hopper).smem_bytes();
     let small = Shape { grid: 1, threads: 32, smem: 0, cooperative: false };
     let exec = Shape { grid: 1, threads: 512, smem, cooperative: true };
-    let rows: [(&str, Kernel, Shape); 9] = [
+    let rows: [(&str, Kernel, Shape); 12] = [
         ("empty", Kernel::Empty, small),
         ("empty-big", Kernel::EmptyBig, Shape { threads: 512, ..small }),
         ("empty-big-smem", Kernel::EmptyBig, Shape { cooperative: false, ..exec }),
         ("empty-big-coop", Kernel::EmptyBig, exec),
         ("empty-big-coop-g2", Kernel::EmptyBig, Shape { grid: 2, ..exec }),
         ("entry", Kernel::Entry, exec),
+        ("chain8", Kernel::Chain, exec),
+        ("prefetch-ldc", Kernel::PrefetchLdc, exec),
+        ("prefetch-generic", Kernel::PrefetchGeneric, exec),
         ("exchange-min", Kernel::Exchange, small),
         ("exchange-exec-shape", Kernel::Exchange, exec),
         ("purlin", Kernel::AllReduce, exec),
@@ -318,7 +345,7 @@ fn main() -> Result<()> {
     };
     let get = |n: &str| results.iter().find(|(k, _)| *k == n).map_or(f64::NAN, |(_, v)| *v);
     println!(
-        "FLOOR-SUMMARY {mode} rank {first}: ping-pong {rtt:.2} us -> gate {:.2} us; purlin {:.2}; least exchange {:.2} (exec shape {:.2}); empty graph kernel {:.2} (exec shape {:.2}); entry+exit {:.2}; wrong {wrong}",
+        "FLOOR-SUMMARY {mode} rank {first}: ping-pong {rtt:.2} us -> gate {:.2} us; purlin {:.2}; least exchange {:.2} (exec shape {:.2}); empty graph kernel {:.2} (exec shape {:.2}); entry+exit {:.2}; param chain x8 {:.2}; prefetch ldc {:.2} generic {:.2}; wrong {wrong}",
         rtt / 2.0 + 2.5,
         get("purlin"),
         get("exchange-min"),
@@ -326,6 +353,9 @@ fn main() -> Result<()> {
         get("empty"),
         get("empty-big-coop"),
         get("entry"),
+        get("chain8"),
+        get("prefetch-ldc"),
+        get("prefetch-generic"),
     );
     if wrong > 0 {
         bail!("{wrong} wrong results");

@@ -3,9 +3,16 @@
 //! Terms: a *transfer* moves a partition from a writer rank `p` to a reader rank `q` in a
 //! phase (phase 1 is the tail of the composed AllReduce). Its chunks are `C = chunk_bytes`
 //! bytes; block `b` of a role's `B` blocks moves the slice `[b*C/B, (b+1)*C/B)` of every
-//! chunk. Writers (Producer) and readers (Consumer, Head, Tail) may have different `B`: a
-//! chunk is signalled whole (after all its writers arrive) and drained whole (after all its
-//! readers arrive), so the two sides need not cut it the same way.
+//! chunk. Writers (Producer) and readers (Consumer, Head, Tail) may have different `B`.
+//!
+//! *Lanes*: every chunk is cut into `L = gcd(B_writers, B_readers)` lanes of `C/L` bytes, and
+//! each lane is signalled and drained on its own: the writers of lane `l` (blocks
+//! `[l*Bw/L, (l+1)*Bw/L)`) arrive on the lane's counter, the last signals the lane's ready
+//! word; the readers of lane `l` wait on it, arrive on their lane counter, the last drains.
+//! Lanes nest the slices of both sides, so no reader waits for bytes outside its lane. Why:
+//! on NVLink some writer blocks push faster than others, and a chunk signalled whole makes
+//! every reader wait for the slowest writer and every writer for the slowest reader's drain
+//! (a 256 MiB AllGather on 2×H200 spent 30% of its producer time so; PERFORMANCE.md).
 //!
 //! Staging of every rank: two sense halves of `H = staging_bytes / 2`; each half holds `areas`
 //! areas of `slots` slots of `C` bytes. Chunk `c` of a transfer lives in slot `c % slots` of
@@ -14,7 +21,8 @@
 //! same bytes (AllGather, direct AllReduce, the composed AllReduce's published shard). Push
 //! (the reader's side): the reader owns one area per writer.
 //!
-//! Flags of every rank (u64 words): `ready[phase][peer][slot]` then `drain[phase][peer][slot]`,
+//! Flags of every rank (u64 words): `ready[phase][peer][lane][slot]` then
+//! `drain[phase][peer][lane][slot]` (lanes counted to the largest phase's),
 //! `peer` compact (0..world-1, skipping the rank itself). A reader waits on its ready word for
 //! the writer, the writer on its drain word for the reader. Chunk `c` sets both to `E + c + 1`;
 //! a writer about to overwrite slot `c % slots` with chunk `c >= slots` waits for the drain of
@@ -22,9 +30,9 @@
 //! resident (no drains): the sense halves alternate (odd advance) and every call ties every
 //! pair of ranks, so no rank gets two calls ahead of a reader (DESIGN.md §3.3).
 //!
-//! Counters (local): `prod[phase][stream][slot]` for the writers' arrivals, `cons[phase][peer][slot]`
-//! for the readers' arrivals before a drain. Each chunk's `B` blocks (of the arriving role)
-//! arrive; the last notifies.
+//! Counters (local): `prod[phase][stream][lane][slot]` for the writers' arrivals,
+//! `cons[phase][peer][lane][slot]` for the readers' arrivals before a drain. Each lane's blocks
+//! (of the arriving role) arrive; the last notifies.
 
 use super::{DeriveError, PlanConfig, add_handshake, compact, empty_non_v, empty_plan, two_shot};
 use crate::plan::{
@@ -51,6 +59,10 @@ struct Ctx<'a> {
     half: u64,
     slots: u64,
     phases: u32,
+    /// Lanes of each phase (phase 1: the composed AllReduce's Head -> Tail).
+    lanes: [u32; 2],
+    /// The most lanes of any phase (the flag and counter layout's stride).
+    lmax: u32,
     pull: bool,
     composed: bool,
     bcast0: bool,
@@ -105,47 +117,58 @@ impl Ctx<'_> {
     fn len(&self, n: u64, b: u32, cut: Cut) -> Len {
         Len::slice(cut.slice, n, b as u64 * cut.slice, self.c)
     }
-    fn ready(&self, phase: u32, at: u32, writer: u32) -> Index {
-        let base = (phase * self.w1() + compact(at, writer)) as u64 * self.slots;
+    /// Flag or counter word `group` (phase, peer or stream), `lane`, cycling over the slots.
+    fn word(&self, group: u32, lane: u32) -> Index {
+        let base = (group as u64 * self.lmax as u64 + lane as u64) * self.slots;
         Index::cyclic(base as u32, self.slots as u32)
     }
-    fn drain(&self, phase: u32, at: u32, reader: u32) -> Index {
-        let base = ((self.phases + phase) * self.w1() + compact(at, reader)) as u64 * self.slots;
-        Index::cyclic(base as u32, self.slots as u32)
+    fn ready(&self, phase: u32, at: u32, writer: u32, lane: u32) -> Index {
+        self.word(phase * self.w1() + compact(at, writer), lane)
     }
-    fn prod(&self, phase: u32, stream: u32) -> Index {
-        Index::cyclic(((phase * self.w1() + stream) as u64 * self.slots) as u32, self.slots as u32)
+    fn drain(&self, phase: u32, at: u32, reader: u32, lane: u32) -> Index {
+        self.word((self.phases + phase) * self.w1() + compact(at, reader), lane)
     }
-    fn cons(&self, phase: u32, at: u32, writer: u32) -> Index {
-        let base = ((self.phases + phase) * self.w1() + compact(at, writer)) as u64 * self.slots;
-        Index::cyclic(base as u32, self.slots as u32)
+    fn prod(&self, phase: u32, stream: u32, lane: u32) -> Index {
+        self.word(phase * self.w1() + stream, lane)
     }
-    fn signal(&self, phase: u32, reader: u32, writer: u32) -> Notify {
+    fn cons(&self, phase: u32, at: u32, writer: u32, lane: u32) -> Index {
+        self.word((self.phases + phase) * self.w1() + compact(at, writer), lane)
+    }
+    /// The lane of block `b` of a side with `blocks` blocks, and how many blocks share it.
+    fn lane(&self, phase: u32, blocks: u32, b: u32) -> (u32, u32) {
+        let per = blocks / self.lanes[phase as usize];
+        (b / per, per)
+    }
+    fn signal(&self, phase: u32, reader: u32, writer: u32, lane: u32) -> Notify {
         Notify {
             kind: NotifyKind::Ready,
             peer: reader,
-            flag: self.ready(phase, reader, writer),
+            flag: self.ready(phase, reader, writer, lane),
             value: EpochVal::chunk(1),
         }
     }
-    fn drain_to(&self, phase: u32, writer: u32, reader: u32) -> Notify {
+    fn drain_to(&self, phase: u32, writer: u32, reader: u32, lane: u32) -> Notify {
         Notify {
             kind: NotifyKind::Drain,
             peer: writer,
-            flag: self.drain(phase, writer, reader),
+            flag: self.drain(phase, writer, reader, lane),
             value: EpochVal::chunk(1),
         }
     }
     /// The writer's wait before overwriting a slot: drain of chunk `c - slots`.
-    fn drain_wait(&self, phase: u32, writer: u32, reader: u32, ch: u64) -> Step {
+    fn drain_wait(&self, phase: u32, writer: u32, reader: u32, lane: u32, ch: u64) -> Step {
         Step::Wait {
-            flag: self.drain(phase, writer, reader),
+            flag: self.drain(phase, writer, reader, lane),
             value: EpochVal::chunk(1 - self.slots as i64),
             guard: Guard::new(self.slots, ch),
         }
     }
-    fn ready_wait(&self, phase: u32, reader: u32, writer: u32, ch: u64) -> Step {
-        Step::Wait { flag: self.ready(phase, reader, writer), value: EpochVal::chunk(1), guard: Guard::new(0, ch) }
+    fn ready_wait(&self, phase: u32, reader: u32, writer: u32, lane: u32, ch: u64) -> Step {
+        Step::Wait {
+            flag: self.ready(phase, reader, writer, lane),
+            value: EpochVal::chunk(1),
+            guard: Guard::new(0, ch),
+        }
     }
     fn peers(&self, me: u32) -> impl Iterator<Item = u32> + use<> {
         (0..self.world).filter(move |&q| q != me)
@@ -182,8 +205,11 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     }
     let wr = Cut { blocks: nb, slice: c / nb as u64 };
     let rd = Cut { blocks: nc, slice: c / nc as u64 };
-    let x = Ctx { spec, world, wr, rd, c, half, slots, phases, pull, composed, bcast0, areas0 };
-    let words = 2 * phases as u64 * w1 * slots;
+    // Phase 0: Producer -> readers; phase 1 (composed): Head -> Tail, both cut by `rd`.
+    let lanes = [gcd(nb, nc), nc];
+    let lmax = if composed { lanes[0].max(lanes[1]) } else { lanes[0] };
+    let x = Ctx { spec, world, wr, rd, c, half, slots, phases, lanes, lmax, pull, composed, bcast0, areas0 };
+    let words = 2 * phases as u64 * w1 * lmax as u64 * slots;
     plan.resources.flag_words = words as u32;
     plan.resources.counter_words = words as u32;
 
@@ -222,9 +248,15 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     Ok(plan)
 }
 
-/// Phase-0 writer: stage each chunk slice, arrive, the last arriver signals the readers.
+/// Greatest common divisor (lanes of two block counts).
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a.max(1) } else { gcd(b, a % b) }
+}
+
+/// Phase-0 writer: stage each chunk slice, arrive, the lane's last arriver signals the readers.
 fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
     let mut steps = vec![];
+    let (lane, per_lane) = x.lane(0, x.wr.blocks, b);
     let stream = |readers: Vec<u32>, ctr: Index, steps: &mut Vec<Step>| {
         let (off, n) = x.send(r, readers[0]);
         let ch = x.chunks(n);
@@ -233,7 +265,7 @@ fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
         }
         let g = Guard::new(0, ch);
         if ch > x.slots {
-            steps.extend(readers.iter().map(|&q| x.drain_wait(0, r, q, ch)));
+            steps.extend(readers.iter().map(|&q| x.drain_wait(0, r, q, lane, ch)));
         }
         steps.push(Step::Stage {
             dst: x.staging(0, r, readers[0], b, x.wr),
@@ -241,25 +273,26 @@ fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
             len: x.len(n, b, x.wr),
             guard: g,
         });
-        let then = readers.iter().map(|&q| x.signal(0, q, r)).collect();
-        steps.push(Step::Arrive { counter: ctr, arrivals: x.wr.blocks, then, guard: g });
+        let then = readers.iter().map(|&q| x.signal(0, q, r, lane)).collect();
+        steps.push(Step::Arrive { counter: ctr, arrivals: per_lane, then, guard: g });
     };
     if x.bcast(0) {
-        stream(x.peers(r).collect(), x.prod(0, 0), &mut steps);
+        stream(x.peers(r).collect(), x.prod(0, 0, lane), &mut steps);
     } else {
         for q in x.peers(r) {
-            stream(vec![q], x.prod(0, compact(r, q)), &mut steps);
+            stream(vec![q], x.prod(0, compact(r, q), lane), &mut steps);
         }
     }
     steps
 }
 
-/// Reader drain of transfer `(phase, p -> r)` after its last read of chunk `c`.
-fn drain_arrive(x: &Ctx, phase: u32, r: u32, p: u32, ch: u64) -> Option<Step> {
+/// Reader block `b`'s drain of transfer `(phase, p -> r)` after its last read of chunk `c`.
+fn drain_arrive(x: &Ctx, phase: u32, r: u32, p: u32, b: u32, ch: u64) -> Option<Step> {
+    let (lane, per_lane) = x.lane(phase, x.rd.blocks, b);
     (ch > x.slots).then(|| Step::Arrive {
-        counter: x.cons(phase, r, p),
-        arrivals: x.rd.blocks,
-        then: vec![x.drain_to(phase, p, r)],
+        counter: x.cons(phase, r, p, lane),
+        arrivals: per_lane,
+        then: vec![x.drain_to(phase, p, r, lane)],
         guard: Guard::new(0, ch),
     })
 }
@@ -267,6 +300,7 @@ fn drain_arrive(x: &Ctx, phase: u32, r: u32, p: u32, ch: u64) -> Option<Step> {
 fn consumer(x: &Ctx, cfg: &PlanConfig, r: u32, b: u32) -> Vec<Step> {
     let s = x.spec;
     let mut steps = vec![];
+    let lane = x.lane(0, x.rd.blocks, b).0;
     match s.collective.consume_op() {
         ConsumeOp::Gather => {
             let (off, n) = x.send(r, r);
@@ -286,7 +320,7 @@ fn consumer(x: &Ctx, cfg: &PlanConfig, r: u32, b: u32) -> Vec<Step> {
                 if ch == 0 {
                     continue;
                 }
-                steps.push(x.ready_wait(0, r, p, ch));
+                steps.push(x.ready_wait(0, r, p, lane, ch));
                 steps.push(Step::Gather {
                     dst: Region::output(x.local(s.partition_offset(r, p, false), b, x.rd)),
                     src: x.staging(0, p, r, b, x.rd),
@@ -294,7 +328,7 @@ fn consumer(x: &Ctx, cfg: &PlanConfig, r: u32, b: u32) -> Vec<Step> {
                     expect: None,
                     guard: Guard::new(0, ch),
                 });
-                steps.extend(drain_arrive(x, 0, r, p, ch));
+                steps.extend(drain_arrive(x, 0, r, p, b, ch));
             }
         }
         ConsumeOp::Reduce => {
@@ -303,7 +337,7 @@ fn consumer(x: &Ctx, cfg: &PlanConfig, r: u32, b: u32) -> Vec<Step> {
             if ch == 0 {
                 return steps;
             }
-            steps.extend(x.peers(r).map(|p| x.ready_wait(0, r, p, ch)));
+            steps.extend(x.peers(r).map(|p| x.ready_wait(0, r, p, lane, ch)));
             let srcs = (0..x.world)
                 .map(|p| if p == r { Region::input(x.local(off, b, x.rd)) } else { x.staging(0, p, r, b, x.rd) })
                 .collect();
@@ -315,7 +349,7 @@ fn consumer(x: &Ctx, cfg: &PlanConfig, r: u32, b: u32) -> Vec<Step> {
                 guard: Guard::new(0, ch),
             });
             for p in x.peers(r) {
-                steps.extend(drain_arrive(x, 0, r, p, ch));
+                steps.extend(drain_arrive(x, 0, r, p, b, ch));
             }
         }
     }
@@ -331,7 +365,9 @@ fn head(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
         return steps;
     }
     let g = Guard::new(0, ch);
-    steps.extend(x.peers(r).map(|p| x.ready_wait(0, r, p, ch)));
+    let lane0 = x.lane(0, x.rd.blocks, b).0;
+    let (lane1, per_lane1) = x.lane(1, x.rd.blocks, b);
+    steps.extend(x.peers(r).map(|p| x.ready_wait(0, r, p, lane0, ch)));
     let srcs: Vec<Region> = (0..x.world)
         .map(|p| if p == r { Region::input(x.local(off, b, x.rd)) } else { x.staging(0, p, r, b, x.rd) })
         .collect();
@@ -340,7 +376,7 @@ fn head(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
     if x.pull {
         let publish = x.staging(1, r, r, b, x.rd);
         if ch > x.slots {
-            steps.extend(x.peers(r).map(|q| x.drain_wait(1, r, q, ch)));
+            steps.extend(x.peers(r).map(|q| x.drain_wait(1, r, q, lane1, ch)));
         }
         steps.push(Step::Reduce { dst: publish, srcs, len, expect: None, guard: g });
         steps.push(Step::Gather { dst: out, src: publish, len, expect: None, guard: g });
@@ -348,29 +384,30 @@ fn head(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
         steps.push(Step::Reduce { dst: out, srcs, len, expect: None, guard: g });
         for q in x.peers(r) {
             if ch > x.slots {
-                steps.push(x.drain_wait(1, r, q, ch));
+                steps.push(x.drain_wait(1, r, q, lane1, ch));
             }
             steps.push(Step::Stage { dst: x.staging(1, r, q, b, x.rd), src: out, len, guard: g });
         }
     }
     for p in x.peers(r) {
-        steps.extend(drain_arrive(x, 0, r, p, ch));
+        steps.extend(drain_arrive(x, 0, r, p, b, ch));
     }
-    let then = x.peers(r).map(|q| x.signal(1, q, r)).collect();
-    steps.push(Step::Arrive { counter: x.prod(1, 0), arrivals: x.rd.blocks, then, guard: g });
+    let then = x.peers(r).map(|q| x.signal(1, q, r, lane1)).collect();
+    steps.push(Step::Arrive { counter: x.prod(1, 0, lane1), arrivals: per_lane1, then, guard: g });
     steps
 }
 
 /// Composed AllReduce, the seam's tail: gather the peers' published shards.
 fn tail(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
     let mut steps = vec![];
+    let lane = x.lane(1, x.rd.blocks, b).0;
     for p in x.peers(r) {
         let (off, n) = x.spec.shard(p);
         let ch = x.chunks(n);
         if ch == 0 {
             continue;
         }
-        steps.push(x.ready_wait(1, r, p, ch));
+        steps.push(x.ready_wait(1, r, p, lane, ch));
         steps.push(Step::Gather {
             dst: Region::output(x.local(off, b, x.rd)),
             src: x.staging(1, p, r, b, x.rd),
@@ -378,7 +415,7 @@ fn tail(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
             expect: None,
             guard: Guard::new(0, ch),
         });
-        steps.extend(drain_arrive(x, 1, r, p, ch));
+        steps.extend(drain_arrive(x, 1, r, p, b, ch));
     }
     steps
 }
