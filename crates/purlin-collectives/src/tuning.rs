@@ -1,7 +1,7 @@
 //! How a call is planned: regime, staging side, chunk size, blocks per role and slots, per
 //! size band (DESIGN.md §5 "Tuning"). Every knob can be overridden from the environment
 //! (`PURLIN_REGIME=latency|throughput`, `PURLIN_STAGING_SIDE=own|peer`, `PURLIN_CHUNK_BYTES`,
-//! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_SLOTS`,
+//! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_LANES`, `PURLIN_SLOTS`,
 //! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_BLOCK_BYTES`, `PURLIN_LATENCY_MAX_BLOCKS`,
 //! `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`), so the table can be measured before it is
 //! trusted.
@@ -41,6 +41,9 @@ pub struct Tuning {
     pub blocks_per_role: u32,
     /// Blocks of the throughput regime's reading roles (`None`: `blocks_per_role`).
     pub consumer_blocks_per_role: Option<u32>,
+    /// Lanes of the throughput regime (`None`: gcd of the writers' and readers' blocks;
+    /// a count that does not divide both after clamping falls back to that).
+    pub lanes: Option<u32>,
     /// Staging slots per stream.
     pub slots: u32,
     /// Smaller chunks for mid-size calls: a call is cut into at least this many chunks, but
@@ -68,6 +71,7 @@ impl Default for Tuning {
             chunk_bytes: 16 << 20,
             blocks_per_role: 16,
             consumer_blocks_per_role: Some(32),
+            lanes: None,
             slots: 2,
             min_chunks: 4,
             min_chunk_bytes: 4 << 20,
@@ -110,6 +114,7 @@ impl Tuning {
         t.chunk_bytes = env("PURLIN_CHUNK_BYTES")?.unwrap_or(t.chunk_bytes);
         t.blocks_per_role = env("PURLIN_BLOCKS_PER_ROLE")?.unwrap_or(t.blocks_per_role);
         t.consumer_blocks_per_role = env("PURLIN_CONSUMER_BLOCKS")?.or(t.consumer_blocks_per_role);
+        t.lanes = env("PURLIN_LANES")?.or(t.lanes);
         t.slots = env("PURLIN_SLOTS")?.unwrap_or(t.slots);
         t.min_chunks = env("PURLIN_MIN_CHUNKS")?.unwrap_or(t.min_chunks);
         t.min_chunk_bytes = env("PURLIN_MIN_CHUNK_BYTES")?.unwrap_or(t.min_chunk_bytes);
@@ -162,6 +167,7 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
         chunk_bytes: 0,
         blocks_per_role: blocks,
         consumer_blocks_per_role: consumer_blocks,
+        lanes: None,
         slots: tuning.slots,
         staging_bytes: limits.staging_bytes,
         window_bytes: limits.window_bytes,
@@ -169,6 +175,9 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
         packet: limits.packet,
         in_place,
     };
+    // Lanes must divide both block counts (which the clamps above may have changed).
+    cfg.lanes =
+        tuning.lanes.filter(|&n| n > 0 && purlin_snac::gcd(cfg.blocks_per_role, cfg.consumer_blocks()) % n == 0);
     let granule = cfg.chunk_granule();
     let split = band_bytes(spec).div_ceil(tuning.min_chunks.max(1)).max(tuning.min_chunk_bytes);
     cfg.chunk_bytes = tuning.chunk_bytes.min(split).max(granule).div_ceil(granule) * granule;

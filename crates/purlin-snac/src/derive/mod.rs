@@ -53,6 +53,10 @@ pub struct PlanConfig {
     /// link, often more bytes per chunk (an AllGather's reader also copies its own part), so
     /// they may need more blocks to keep up. `chunk_bytes` must be a multiple of 16 × both.
     pub consumer_blocks_per_role: Option<u32>,
+    /// Lanes of the throughput regime (see `derive/throughput.rs`): each chunk is signalled
+    /// and drained in this many independent parts. `None`: the greatest common divisor of the
+    /// writers' and readers' block counts; `Some(n)`: `n`, which must divide both.
+    pub lanes: Option<u32>,
     /// Most slots per stream (cyclic staging); fewer if staging is too small.
     pub slots: u32,
     /// Symmetric staging bytes per rank (two sense halves); a multiple of 32.
@@ -66,7 +70,17 @@ pub struct PlanConfig {
     pub in_place: bool,
 }
 
+/// Greatest common divisor (at least 1).
+pub fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a.max(1) } else { gcd(b, a % b) }
+}
+
 impl PlanConfig {
+    /// Lanes of the throughput regime's phase 0 (writers -> readers).
+    pub fn lanes(&self) -> u32 {
+        self.lanes.unwrap_or_else(|| gcd(self.blocks_per_role, self.consumer_blocks()))
+    }
+
     /// Blocks of each reading role (Consumer, Head, Tail) in the throughput regime.
     pub fn consumer_blocks(&self) -> u32 {
         self.consumer_blocks_per_role.unwrap_or(self.blocks_per_role)
@@ -95,6 +109,7 @@ impl Default for PlanConfig {
             chunk_bytes: 64 << 10,
             blocks_per_role: 2,
             consumer_blocks_per_role: None,
+            lanes: None,
             slots: 8,
             staging_bytes: 16 << 20,
             window_bytes: 1 << 20,
@@ -112,6 +127,8 @@ pub enum DeriveError {
     Spec(#[from] SpecError),
     #[error("{what} = {value} must be a positive multiple of {multiple}")]
     Misaligned { what: &'static str, value: u64, multiple: u64 },
+    #[error("{lanes} lanes do not divide both the writers' {writers} and the readers' {readers} blocks")]
+    Lanes { lanes: u32, writers: u32, readers: u32 },
     #[error("{need} blocks exceed the co-residency bound {bound}")]
     TooManyBlocks { need: u64, bound: u32 },
     #[error("staging of {have} bytes holds no slot: {areas} areas of one {chunk}-byte chunk per sense half")]
@@ -147,6 +164,12 @@ fn check_inputs(spec: &CollectiveSpec, cfg: &PlanConfig) -> Result<(), DeriveErr
     }
     if cfg.consumer_blocks_per_role == Some(0) {
         return mis("consumer_blocks_per_role", 0, 1);
+    }
+    if let Some(lanes) = cfg.lanes {
+        let g = gcd(cfg.blocks_per_role, cfg.consumer_blocks());
+        if lanes == 0 || g % lanes != 0 {
+            return Err(DeriveError::Lanes { lanes, writers: cfg.blocks_per_role, readers: cfg.consumer_blocks() });
+        }
     }
     if cfg.window_bytes == 0 || cfg.window_bytes % 32 != 0 {
         return mis("window_bytes", cfg.window_bytes, 32);
