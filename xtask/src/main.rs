@@ -245,6 +245,7 @@ fn gpu_round(args: &[String]) -> Result<()> {
         eprintln!("warning: {} not found; the round runs without calibration", calibration.display());
     }
     std::fs::write(out.join("run.sh"), RUN_SH)?;
+    std::fs::write(out.join("lane_sweep.sh"), LANE_SWEEP_SH)?;
     let size: u64 = walk(&out).iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
     println!("gpu-round ready: {} ({copied} test executables, {:.1} MiB)", out.display(), size as f64 / 1048576.0);
     if size > 60 << 20 {
@@ -275,3 +276,4 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 
 const RUN_SH: &str = include_str!("../gpu-round/run.sh");
 const COMMANDS_TXT: &str = include_str!("../gpu-round/commands.txt");
+const LANE_SWEEP_SH: &str = include_str!("../gpu-round/lane_sweep.sh");

@@ -61,7 +61,10 @@ impl Default for Tuning {
         // window holds the call, up to 4 MiB per rank, with up to 64 blocks: AllReduce 1 MiB
         // 14.6 µs against 20.1 with 16 blocks up to 1 MiB, AllGather 2 MiB 13.8 against 17.1
         // staged (round 11); 4 KiB per block beat 16 KiB and 16 blocks from 8 KiB to 128 KiB
-        // (4.7 against 7.7 and 5.6 µs at 32 KiB, round 9).
+        // (4.7 against 7.7 and 5.6 µs at 32 KiB, round 9). Two lanes per chunk: 256 MiB
+        // AllGather + AllReduce busbw summed over two interleaved repeats, 1/2/4/16 lanes:
+        // 303+326, 291+300 / 315+321, 309+325 / 306+341, 301+307 / 310+314, 305+308 GB/s
+        // (round 21, `lane_sweep.sh`).
         Self {
             regime: None,
             latency_max_bytes: 4 << 20,
@@ -71,7 +74,7 @@ impl Default for Tuning {
             chunk_bytes: 16 << 20,
             blocks_per_role: 16,
             consumer_blocks_per_role: Some(32),
-            lanes: None,
+            lanes: Some(2),
             slots: 2,
             min_chunks: 4,
             min_chunk_bytes: 4 << 20,
