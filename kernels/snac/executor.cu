@@ -74,13 +74,6 @@ constexpr u32 kLanes = kPayload / sizeof(Storage);
 
 // ------------------------------------------------------------------ record field access
 
-// The first step's packet payload, loaded at entry (see preload()): the step record it
-// belongs to (0: none) and this thread's first payload word.
-struct Preload {
-  u64 at;
-  u64 word;
-};
-
 struct Ctx {
   const u64* w;        // the parameter words
   const Runtime* rt;
@@ -89,7 +82,6 @@ struct Ctx {
   u64 world;
   u64 rank;
   u8* smem;
-  Preload pre;
 };
 
 __device__ __forceinline__ u64 off_at(const u64* o, u64 c, u64 s) {
@@ -267,13 +259,12 @@ __device__ void gather_packets(const Ctx& x, u8* dst, const u64* src, u64 len, u
   }
 }
 
-__device__ void put_packets(const Ctx& x, const u64* dst, const u8* src, u64 len, u64 flag, u64 c, bool preloaded) {
+__device__ void put_packets(const Ctx& x, const u64* dst, const u8* src, u64 len, u64 flag, u64 c) {
   u8* packets = window_packets(x, dst, c);
   const u64 words = (len + kPayload - 1) / kPayload;
   for (u64 i = purlin::atom::tid(); i < words; i += purlin::atom::nthreads()) {
     const u64 bytes = len - i * kPayload < kPayload ? len - i * kPayload : kPayload;
-    const bool first = preloaded && i == purlin::atom::tid();
-    put_packet(packets, i, first ? x.pre.word : load_payload(src + i * kPayload, bytes), flag);
+    put_packet(packets, i, load_payload(src + i * kPayload, bytes), flag);
   }
 }
 
@@ -340,7 +331,7 @@ __device__ void run_step(const Ctx& x, u64 at, u64 c) {
       if (!admits(r + 1, c)) return;
       const u64 len = len_at(r + 13, c);
       if (len == 0) return;
-      put_packets(x, r + 3, region_ptr(x, r + 8, c), len, val_at(x, r + 17, c), c, x.pre.at == at && c == 0);
+      put_packets(x, r + 3, region_ptr(x, r + 8, c), len, val_at(x, r + 17, c), c);
       return;
     }
     case kSignal: {
@@ -450,33 +441,6 @@ __device__ __forceinline__ bool block_failed() {
   return s_failure.code != 0;
 }
 
-// A latency call's time is a chain of dependent memory round trips (entry loads, the put's
-// source load, the packet's flight, the poll); when the block's first step puts packets from
-// the call's input or output, each thread's first payload word is loaded at entry, beside the
-// poison and epoch loads, instead of after them. Its address cannot depend on the epoch (no
-// sense stride), and nothing can write those bytes before the block's first step (it has no
-// earlier wait), so the early load reads what the step would.
-__device__ __forceinline__ Preload preload(const u64* w, const ParamHeader* h, const Runtime* rt) {
-  Preload p{0, 0};
-  if (h->magic != kParamMagic || h->version != kParamVersion) return p;
-  const u64* entry = w + h->block_table + 3 * blockIdx.x;
-  if (entry[2] == 0) return p;
-  const u64 at = entry[1];
-  const u64* r = w + at;
-  if ((r[0] & 0xff) != kPutPackets || !admits(r + 1, 0)) return p;
-  const u64* src = r + 8;
-  const u32 kind = space_kind(src);
-  if ((kind != kInput && kind != kOutput) || src[4] != 0) return p;
-  const u64 len = len_at(r + 13, 0);
-  const u64 i = purlin::atom::tid();
-  if (i * kPayload >= len) return p;
-  const u64 bytes = len - i * kPayload < kPayload ? len - i * kPayload : kPayload;
-  const u8* base = (const u8*)(kind == kInput ? rt->input : rt->output) + off_at(src + 1, 0, 0);
-  p.at = at;
-  p.word = load_payload(base + i * kPayload, bytes);
-  return p;
-}
-
 __device__ void run_block(const u64* w, const Runtime* rt) {
   extern __shared__ __align__(16) u8 smem[];
   const ParamHeader* h = (const ParamHeader*)w;
@@ -496,11 +460,9 @@ __device__ void run_block(const u64* w, const Runtime* rt) {
     s_skip = purlin::sync::poisoned(control) || h->magic != kParamMagic || h->version != kParamVersion;
     s_epoch = ((const u64*)rt->epochs)[blockIdx.x];
   }
-  // The first step's packet payload, loaded beside the entry loads above (see preload).
-  const Preload pre = preload(w, h, rt);
   __syncthreads();
   if (s_skip) return;
-  Ctx x{w, rt, s_epoch, s_epoch & 1, h->world, h->rank, smem, pre};
+  Ctx x{w, rt, s_epoch, s_epoch & 1, h->world, h->rank, smem};
   const u64* entry = w + h->block_table + 3 * blockIdx.x;
   u64 at = entry[1];
   const u64 steps = entry[2];
