@@ -13,7 +13,10 @@
 //! Lanes nest the slices of both sides, so no reader waits for bytes outside its lane. Why:
 //! on NVLink some writer blocks push faster than others, and a chunk signalled whole makes
 //! every reader wait for the slowest writer and every writer for the slowest reader's drain
-//! (a 256 MiB AllGather on 2×H200 spent 30% of its producer time so; PERFORMANCE.md).
+//! (a 256 MiB AllGather on 2×H200: producers waited 27–95 µs per call on drains). One lane
+//! per writer block removes those waits but lets lanes drift apart, so the slowest lane ends
+//! the call; the GPU tuning uses 2 lanes, the best of 1/2/4/16 measured (PERFORMANCE.md,
+//! rounds 19–21).
 //!
 //! Staging of every rank: two sense halves of `H = staging_bytes / 2`; each half holds `areas`
 //! areas of `slots` slots of `C` bytes. Chunk `c` of a transfer lives in slot `c % slots` of
