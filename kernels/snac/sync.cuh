@@ -34,7 +34,7 @@ __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// One fence for N peers: the last arriver of a chunk issues it before the flag stores.
+// One fence for N peers: the last arriver of a lane issues it before the flag stores.
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
 // The chunk's arrival counter: block-level producers meet here (device scope suffices,
