@@ -160,36 +160,36 @@ fn buffers(ctx: &Arc<CudaContext>, per_set: usize, fill: &[u8]) -> Res<Vec<Vec<D
     Ok(sets)
 }
 
-fn random_bf16(bytes: usize, seed: u64) -> Vec<u8> {
+/// A splitmix64 stream: reproducible pseudo-random words from `seed`.
+fn splitmix(seed: u64) -> impl Iterator<Item = u64> {
     let mut x = seed;
-    let mut out = Vec::with_capacity(bytes);
-    while out.len() < bytes {
+    std::iter::repeat_with(move || {
         x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = x;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        for k in 0..4 {
-            let f = ((z >> (16 * k)) & 0xffff) as f32 / 65536.0 * 8.0 - 4.0;
-            out.extend_from_slice(&purlin_atom::host::f32_to_bf16(f).to_le_bytes());
-        }
-    }
+        z
+    })
+}
+
+/// `bytes` of bf16 values uniform in [-4, 4).
+fn random_bf16(bytes: usize, seed: u64) -> Vec<u8> {
+    let mut out: Vec<u8> = splitmix(seed)
+        .flat_map(|z| (0..4).map(move |k| ((z >> (16 * k)) & 0xffff) as f32 / 65536.0 * 8.0 - 4.0))
+        .take(bytes.div_ceil(2))
+        .flat_map(|f| purlin_atom::host::f32_to_bf16(f).to_le_bytes())
+        .collect();
     out.truncate(bytes);
     out
 }
 
+/// `bytes` of f32 values uniform in [-4, 4).
 fn random_f32(bytes: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed;
-    let mut out = Vec::with_capacity(bytes);
-    while out.len() < bytes {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        for k in 0..2 {
-            let f = ((z >> (32 * k)) & 0xffff_ffff) as f32 / 4_294_967_296.0 * 8.0 - 4.0;
-            out.extend_from_slice(&f.to_le_bytes());
-        }
-    }
+    let mut out: Vec<u8> = splitmix(seed)
+        .flat_map(|z| (0..2).map(move |k| ((z >> (32 * k)) & 0xffff_ffff) as f32 / 4_294_967_296.0 * 8.0 - 4.0))
+        .take(bytes.div_ceil(4))
+        .flat_map(f32::to_le_bytes)
+        .collect();
     out.truncate(bytes);
     out
 }

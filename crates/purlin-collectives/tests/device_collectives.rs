@@ -11,6 +11,9 @@ use purlin_collectives::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp};
 use purlin_snac::{Regime, StagingSide};
 
+mod gpu_support;
+use gpu_support::{Coll, Rng};
+
 /// Element types the test drives, with exact conversions for small integers.
 trait Elem:
     purlin_collectives::comm::NcclType
@@ -68,22 +71,6 @@ elem!(
 );
 elem!(u8, "u8", false, |v: i64| v as u8, |x: u8| x as f64, 0xa5);
 
-/// A tiny deterministic generator (xorshift), so failures reproduce.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Small nonzero integers in -4..=4 (products of 2 ranks and sums stay exact in bf16).
-    fn small(&mut self, unsigned: bool) -> i64 {
-        let v = (self.next() % 8) as i64 + 1;
-        if unsigned || v > 4 { v - 4 * i64::from(!unsigned) } else { -v }
-    }
-}
-
 struct Gpus {
     streams: Vec<Arc<CudaStream>>,
 }
@@ -126,18 +113,6 @@ fn reduce_ref<T: Elem>(op: ReduceOp, inputs: &[Vec<T>], i: usize, world: usize) 
         }
     }
     acc
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Coll {
-    AllReduce,
-    AllReduceInPlace,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    AllGatherV,
-    ReduceScatterV,
-    AllToAllV,
 }
 
 /// Per-pair counts for the V forms: skewed, with zeros (one-way traffic between 0 and 1).

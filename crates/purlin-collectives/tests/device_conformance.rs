@@ -25,11 +25,11 @@ use std::time::Duration;
 
 use cudarc::driver::CudaSlice;
 use gpu_support::{Call, Coll, Dt, Rng, WORLD, call, fresh_seed, streams};
-use purlin_collectives::host_exec::{CallBuffers, HostMemoryConfig, HostWorld, TraceEntry};
+use purlin_collectives::host_exec::{HostMemoryConfig, HostWorld, TraceEntry};
 use purlin_collectives::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp};
 use purlin_snac::{Plan, Regime, Space, StagingSide, Step};
-use region_shift::shift_first;
+use region_shift::{execute_on_host, shift_first};
 
 /// Bytes of slack after every buffer.
 const SLACK: usize = 4096;
@@ -147,28 +147,11 @@ fn run_device(comms: &[Comm], plans: &[Plan], io: &Io) -> (Vec<Vec<u8>>, Vec<Vec
 /// traces.
 fn run_host(host: &HostWorld, plans: &[Plan], io: &Io) -> (Vec<Vec<u8>>, Vec<Vec<TraceEntry>>) {
     let mut outputs: Vec<Vec<u8>> = io.out_bytes.iter().map(|&n| vec![POISON; n + SLACK]).collect();
-    let traces: Vec<Vec<TraceEntry>> = std::thread::scope(|s| {
-        let hs: Vec<_> = plans
-            .iter()
-            .zip(outputs.iter_mut())
-            .zip(&io.inputs)
-            .map(|((p, o), i)| {
-                s.spawn(move || {
-                    let b = CallBuffers {
-                        input: i.as_ptr(),
-                        input_len: i.len(),
-                        output: o.as_mut_ptr(),
-                        output_len: o.len(),
-                    };
-                    host.execute(p, b, true)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .enumerate()
-            .map(|(r, h)| h.join().expect("rank thread").unwrap_or_else(|e| panic!("host rank {r}: {e}")))
-            .collect()
-    });
+    let traces = execute_on_host(host, plans, &io.inputs, &mut outputs, true)
+        .into_iter()
+        .enumerate()
+        .map(|(r, t)| t.unwrap_or_else(|e| panic!("host rank {r}: {e}")))
+        .collect();
     (outputs, traces)
 }
 

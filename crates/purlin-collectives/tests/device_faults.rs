@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use common::{Kid, ROLE, role, torchrun_env};
 use cudarc::driver::CudaGraph;
 use gpu_support::{
-    Bufs, Call, Coll, Dt, Rng, call, capture, fresh_seed, is_fault_error, names_peer, need_two_gpus, stream,
+    Bufs, Call, Coll, Dt, Rng, call, capture, fresh_seed, is_fault_error, names_peer, need_two_gpus,
+    replay_with_fresh_inputs, stream,
 };
 use purlin_collectives::id::TorchEnv;
 use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp};
@@ -217,19 +218,8 @@ fn graph_a_silent_peer_times_out_once_and_the_rest_exits_at_once() {
     let mut rng = Rng::new(seed);
 
     // Both ranks replay once: the graph is right (else the fault below would mean nothing).
-    let inputs: Vec<Vec<Vec<i64>>> = calls.iter().map(|k| k.inputs(&mut rng)).collect();
-    for (b, x) in bufs.iter_mut().zip(&inputs) {
-        for c in &comms {
-            b.upload(c, c.rank(), x);
-        }
-    }
-    for g in &graphs {
-        g.launch().expect("replay on both ranks");
-    }
-    for (b, x) in bufs.iter().zip(&inputs) {
-        for c in &comms {
-            b.check(c, c.rank(), x).unwrap_or_else(|e| panic!("the replay on both ranks: {e} (seed {seed})"));
-        }
+    if let Some(e) = replay_with_fresh_inputs(&comms, &graphs, &calls, &mut bufs, &mut rng).first() {
+        panic!("the replay on both ranks: {e} (seed {seed})");
     }
     println!("COMM fault graph: a replay on both ranks is exact ({} calls)", calls.len());
 

@@ -20,7 +20,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaGraph;
-use gpu_support::{Bufs, Call, Coll, Dt, Rng, call, capture, device_sleep, fresh_seed, sleep_request, spin, streams};
+use gpu_support::{
+    Bufs, Call, Coll, Dt, Rng, call, capture, device_sleep, fresh_seed, replay_with_fresh_inputs, sleep_request, spin,
+    streams,
+};
 use purlin_collectives::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp};
 use purlin_snac::Regime;
@@ -108,25 +111,11 @@ fn graph_of_mixed_collectives_replays_with_fresh_inputs() {
     let mut failures = Vec::new();
     let t = Instant::now();
     for replay in 0..REPLAYS {
-        let inputs: Vec<Vec<Vec<i64>>> = calls.iter().map(|c| c.inputs(&mut rng)).collect();
-        // Fresh inputs and poisoned outputs, host→device copies outside the graph.
-        for (b, x) in bufs.iter_mut().zip(&inputs) {
-            for c in &comms {
-                b.upload(c, c.rank(), x);
+        for e in replay_with_fresh_inputs(&comms, &graphs, &calls, &mut bufs, &mut rng) {
+            if failures.len() < 20 {
+                println!("EXEC WRONG graph replay {replay}: {e}");
             }
-        }
-        for g in &graphs {
-            g.launch().expect("graph replay");
-        }
-        for (b, x) in bufs.iter().zip(&inputs) {
-            for c in &comms {
-                if let Err(e) = b.check(c, c.rank(), x) {
-                    if failures.len() < 20 {
-                        println!("EXEC WRONG graph replay {replay}: {e}");
-                    }
-                    failures.push(e);
-                }
-            }
+            failures.push(e);
         }
     }
     for c in &comms {

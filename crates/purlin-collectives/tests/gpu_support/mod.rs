@@ -570,6 +570,36 @@ pub fn is_fault_error(e: &Error) -> bool {
     matches!(e, Error::Poisoned(_) | Error::DeviceTimeout { .. } | Error::Timeout { .. } | Error::PeerLost { .. })
 }
 
+/// One replay of every rank's graph with fresh inputs: draws each call's inputs, uploads them
+/// (outputs poisoned) outside the graph, launches every graph, and checks every rank's
+/// outputs; the check failures, in order.
+pub fn replay_with_fresh_inputs(
+    comms: &[Comm],
+    graphs: &[CudaGraph],
+    calls: &[Call],
+    bufs: &mut [Bufs],
+    rng: &mut Rng,
+) -> Vec<String> {
+    let inputs: Vec<Vec<Vec<i64>>> = calls.iter().map(|c| c.inputs(rng)).collect();
+    for (b, x) in bufs.iter_mut().zip(&inputs) {
+        for c in comms {
+            b.upload(c, c.rank(), x);
+        }
+    }
+    for g in graphs {
+        g.launch().expect("graph replay");
+    }
+    let mut failures = Vec::new();
+    for (b, x) in bufs.iter().zip(&inputs) {
+        for c in comms {
+            if let Err(e) = b.check(c, c.rank(), x) {
+                failures.push(e);
+            }
+        }
+    }
+    failures
+}
+
 /// Captures every call of `bufs` on `comm`'s stream (raw pointers, nothing tracked).
 pub fn capture(comm: &Comm, bufs: &[Bufs]) -> CudaGraph {
     let s = comm.stream();

@@ -1,6 +1,39 @@
-//! The conformance tests' plan mutation, shared by the host and the device executor's tests.
+//! Shared by the host and the device executor's conformance tests: the plan mutation and a
+//! call of one plan per rank on the host executor.
 
+use purlin_collectives::Error;
+use purlin_collectives::host_exec::{CallBuffers, HostWorld, TraceEntry};
 use purlin_snac::{Plan, Step};
+
+/// Runs `plans` (one per rank) on `host`, one thread per rank, reading `inputs[r]` and
+/// writing `outputs[r]`; each rank's result (its trace when `trace`).
+pub fn execute_on_host(
+    host: &HostWorld,
+    plans: &[Plan],
+    inputs: &[Vec<u8>],
+    outputs: &mut [Vec<u8>],
+    trace: bool,
+) -> Vec<Result<Vec<TraceEntry>, Error>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = plans
+            .iter()
+            .zip(outputs.iter_mut())
+            .zip(inputs)
+            .map(|((p, o), i)| {
+                s.spawn(move || {
+                    let b = CallBuffers {
+                        input: i.as_ptr(),
+                        input_len: i.len(),
+                        output: o.as_mut_ptr(),
+                        output_len: o.len(),
+                    };
+                    host.execute(p, b, trace)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    })
+}
 
 /// Shifts, by one byte, the offset of the first region of `plan` that `pick` selects (a
 /// stage's or gather's destination, a put's source). False when `pick` selects none.

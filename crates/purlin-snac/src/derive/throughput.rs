@@ -427,6 +427,40 @@ mod tests {
     use crate::verify::{Coverage, Mode, Options, twin_spec, verify};
     use crate::{AllReduceAlgo, Role};
 
+    /// Every collective's throughput plan shape, with both AllReduce algorithms.
+    const CASES: [(Collective, AllReduceAlgo); 5] = [
+        (Collective::AllGather, AllReduceAlgo::Auto),
+        (Collective::ReduceScatter, AllReduceAlgo::Auto),
+        (Collective::AllToAll, AllReduceAlgo::Auto),
+        (Collective::AllReduce, AllReduceAlgo::OneShot),
+        (Collective::AllReduce, AllReduceAlgo::TwoShot),
+    ];
+
+    /// A small throughput configuration: 64-byte chunks, two slots, room for 16 blocks.
+    fn small_cfg(side: StagingSide, algo: AllReduceAlgo) -> PlanConfig {
+        PlanConfig {
+            regime: Regime::Throughput,
+            staging_side: side,
+            allreduce: algo,
+            chunk_bytes: 64,
+            slots: 2,
+            staging_bytes: 4096,
+            window_bytes: 4096,
+            max_coresident_blocks: 16,
+            ..PlanConfig::default()
+        }
+    }
+
+    /// `c` of `n` u8 elements at `world` (sum for the reductions).
+    fn u8_spec(c: Collective, world: u32, n: u64) -> CollectiveSpec {
+        match c {
+            Collective::AllGather => CollectiveSpec::all_gather(world, DataType::U8, n),
+            Collective::ReduceScatter => CollectiveSpec::reduce_scatter(world, DataType::U8, ReduceOp::Sum, n),
+            Collective::AllToAll => CollectiveSpec::all_to_all(world, DataType::U8, n),
+            _ => CollectiveSpec::all_reduce(world, DataType::U8, ReduceOp::Sum, n),
+        }
+    }
+
     /// Lanes of every count the blocks allow (1 = whole chunks, 2 = one per writer block)
     /// give plans the verifier proves safe, exhaustively over three back-to-back calls at
     /// world 2 (2 writers, 2 readers), for every collective, staging side and AllReduce
@@ -435,34 +469,9 @@ mod tests {
     fn every_lane_count_verifies() {
         for lanes in [Some(1), Some(2), None] {
             for side in [StagingSide::Own, StagingSide::Peer] {
-                for (c, algo) in [
-                    (Collective::AllGather, AllReduceAlgo::Auto),
-                    (Collective::ReduceScatter, AllReduceAlgo::Auto),
-                    (Collective::AllToAll, AllReduceAlgo::Auto),
-                    (Collective::AllReduce, AllReduceAlgo::OneShot),
-                    (Collective::AllReduce, AllReduceAlgo::TwoShot),
-                ] {
-                    let cfg = PlanConfig {
-                        regime: Regime::Throughput,
-                        staging_side: side,
-                        allreduce: algo,
-                        chunk_bytes: 64,
-                        blocks_per_role: 2,
-                        lanes,
-                        slots: 2,
-                        staging_bytes: 4096,
-                        window_bytes: 4096,
-                        max_coresident_blocks: 16,
-                        ..PlanConfig::default()
-                    };
-                    let n = 192;
-                    let spec = match c {
-                        Collective::AllGather => CollectiveSpec::all_gather(2, DataType::U8, n),
-                        Collective::ReduceScatter => CollectiveSpec::reduce_scatter(2, DataType::U8, ReduceOp::Sum, n),
-                        Collective::AllToAll => CollectiveSpec::all_to_all(2, DataType::U8, n),
-                        _ => CollectiveSpec::all_reduce(2, DataType::U8, ReduceOp::Sum, n),
-                    };
-                    let spec = twin_spec(&spec, cfg.chunk_bytes, cfg.slots as u64);
+                for (c, algo) in CASES {
+                    let cfg = PlanConfig { blocks_per_role: 2, lanes, ..small_cfg(side, algo) };
+                    let spec = twin_spec(&u8_spec(c, 2, 192), cfg.chunk_bytes, cfg.slots as u64);
                     let plans = derive(&spec, &cfg).unwrap_or_else(|e| panic!("{c:?} {cfg:?}: {e}"));
                     let r = verify(
                         &[plans.clone(), plans.clone(), plans],
@@ -490,36 +499,11 @@ mod tests {
     fn readers_and_writers_may_use_different_block_counts() {
         for (world, (nb, nc)) in [(2u32, (1u32, 2u32)), (2, (2, 1)), (3, (1, 2))] {
             for side in [StagingSide::Own, StagingSide::Peer] {
-                for (c, algo) in [
-                    (Collective::AllGather, AllReduceAlgo::Auto),
-                    (Collective::ReduceScatter, AllReduceAlgo::Auto),
-                    (Collective::AllToAll, AllReduceAlgo::Auto),
-                    (Collective::AllReduce, AllReduceAlgo::OneShot),
-                    (Collective::AllReduce, AllReduceAlgo::TwoShot),
-                ] {
-                    let cfg = PlanConfig {
-                        regime: Regime::Throughput,
-                        staging_side: side,
-                        allreduce: algo,
-                        chunk_bytes: 64,
-                        blocks_per_role: nb,
-                        consumer_blocks_per_role: Some(nc),
-                        slots: 2,
-                        staging_bytes: 4096,
-                        window_bytes: 4096,
-                        max_coresident_blocks: 16,
-                        ..PlanConfig::default()
-                    };
+                for (c, algo) in CASES {
+                    let cfg =
+                        PlanConfig { blocks_per_role: nb, consumer_blocks_per_role: Some(nc), ..small_cfg(side, algo) };
                     let n = 96 * world as u64; // three 32-byte chunks' worth per peer
-                    let spec = match c {
-                        Collective::AllGather => CollectiveSpec::all_gather(world, DataType::U8, n),
-                        Collective::ReduceScatter => {
-                            CollectiveSpec::reduce_scatter(world, DataType::U8, ReduceOp::Sum, n)
-                        }
-                        Collective::AllToAll => CollectiveSpec::all_to_all(world, DataType::U8, n),
-                        _ => CollectiveSpec::all_reduce(world, DataType::U8, ReduceOp::Sum, n),
-                    };
-                    let spec = twin_spec(&spec, cfg.chunk_bytes, cfg.slots as u64);
+                    let spec = twin_spec(&u8_spec(c, world, n), cfg.chunk_bytes, cfg.slots as u64);
                     let plans = derive(&spec, &cfg).unwrap_or_else(|e| panic!("{c:?} {cfg:?}: {e}"));
                     for p in &plans {
                         let readers = p.blocks.iter().filter(|b| b.role != Role::Producer).count();
