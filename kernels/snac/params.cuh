@@ -1,5 +1,5 @@
 // The CUDA side of SNAC's run-time parameter block (crates/purlin-snac/src/params.rs,
-// layout version 1): a header of u64 fields, a block table (role, first record, steps) and
+// layout version 2): a header of u64 fields, a block table (role, first record, steps) and
 // the step records. A CI test compiles this header together with static_asserts generated
 // from the Rust side's field offsets (purlin_snac::params::c_header), so the two cannot drift.
 #pragma once
@@ -32,7 +32,7 @@ struct ParamHeader {
 };
 
 constexpr u64 kParamMagic = 0x3152415043414e53ull;  // "SNACPAR1", little-endian
-constexpr u64 kParamVersion = 1;
+constexpr u64 kParamVersion = 2;
 
 // Opcodes of step records.
 enum Op : unsigned int {

@@ -45,6 +45,14 @@ __device__ __forceinline__ u64 atom_add_acq_rel_gpu(u64* p, u64 v) {
   return old;
 }
 
+// Takes the next piece number of a shared stage's ticket. Relaxed: the ticket only hands out
+// work; the writers' arrival counter (acq_rel above) orders the pieces before the signal.
+__device__ __forceinline__ u64 ticket_take(u64* p) {
+  u64 old;
+  asm volatile("atom.add.relaxed.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(p) : "memory");
+  return old;
+}
+
 // The last arriver of a round puts its counter back to zero (before publish_fence and the
 // notifications, which order the reset before any arrival of the counter's next round).
 __device__ __forceinline__ void counter_reset(u64* p) {
@@ -179,6 +187,9 @@ __device__ __forceinline__ void poison_with(u64* control, u64 peer_plus_one, u64
 }
 
 __device__ __forceinline__ bool poisoned(const u64* control) { return ld_relaxed_sys(control) != 0; }
+
+// The poison word itself (nonzero: poisoned), for an entry that issues it beside other loads.
+__device__ __forceinline__ u64 load_poison(const u64* control) { return ld_relaxed_sys(control); }
 
 }  // namespace sync
 }  // namespace purlin

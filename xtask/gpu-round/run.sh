@@ -44,7 +44,7 @@ if [ -d "$HERE/calibration" ] && [ "${PURLIN_SKIP_CALIBRATION:-0}" != 1 ] && [ "
 fi
 tar czf "$OUTDIR/round.tar.gz" -C "$WORK" round
 echo "==== summary ($(cat "$LOGS/date.txt"), $(nvidia-smi -L | wc -l) GPUs)"
-grep -hE '^(LANES|FLOOR-SUMMARY)' "$LOGS"/*.log | cut -c1-260 | head -24
+grep -hE '^(LANES|GATE|FLOOR-SUMMARY)' "$LOGS"/*.log | cut -c1-260 | head -24
 grep -hE '^(SMOKE|PACKETS|ROUND|ATOM-SUMMARY|COMM|COMM_CHECK|DROPIN|EXEC|BENCH)[ :]' "$LOGS"/*.log | grep -v '^EXEC conformance: ok' | cut -c1-200 | head -60
 grep -hE 'round trip|copy engine|bidirectional|^nccl_[a-z_]+ (1024|1073741824) ' "$LOGS/calibration.log" 2>/dev/null | head -24
 cat "$LOGS/tests.txt"

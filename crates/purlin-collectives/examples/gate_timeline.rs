@@ -2,7 +2,7 @@
 //! AllGather against the Atom's copy at the same block count).
 //!
 //! ```text
-//! ./gate_timeline [--collective all-gather|all-reduce|reduce-scatter] [--mib 256 | --bytes N] [--runs 3]
+//! ./gate_timeline [--collective all-gather|all-reduce|reduce-scatter] [--mib 256 | --bytes N] [--runs 3] [--warm N]
 //! ```
 //!
 //! Both GPUs in one process. Each rank runs the plan a call would run (same tuning, same
@@ -10,8 +10,10 @@
 //! every block's end with the GPU's global timer. Printed per rank: the call's span (first
 //! step to last block end) and bus bandwidth, and per role the mean time its blocks spend in
 //! each kind of step, the spread of block end times, and when the writers' last stage and the
-//! readers' last step finished (the tail). The output is checked on every run. Lines start
-//! with `TIMELINE`.
+//! readers' last step finished (the tail), and chunk by chunk when each role's blocks began
+//! and left each kind of step. With `--warm N`, N untraced calls through the public API run
+//! back to back just before each traced one (a benchmark loop's conditions). The output is
+//! checked on every run. Lines start with `TIMELINE`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -90,6 +92,32 @@ fn report(rank: usize, plan: &Plan, blocks: &[TimedBlock], bus_bytes: f64) -> Re
             per.join(", ")
         );
     }
+    // Chunk by chunk, per role and step kind: when the first block began it and when the
+    // first and last block left it (the spread between blocks of one chunk).
+    let mut per_chunk: BTreeMap<(u64, String, &'static str), (u64, u64, u64)> = BTreeMap::new();
+    for (b, tb) in blocks.iter().enumerate() {
+        let role = role_name(plan.blocks[b].role);
+        for (i, (e, start)) in tb.steps.iter().enumerate() {
+            let end = tb.steps.get(i + 1).map_or(tb.end_ns, |s| s.1);
+            let name = step_of(plan, e.block, e.step, e.body).map_or("?", Step::name);
+            let slot = per_chunk.entry((e.chunk, role.clone(), name)).or_insert((u64::MAX, u64::MAX, 0));
+            slot.0 = slot.0.min(*start);
+            slot.1 = slot.1.min(end);
+            slot.2 = slot.2.max(end);
+        }
+    }
+    let mut chunks: Vec<u64> = per_chunk.keys().map(|k| k.0).collect();
+    chunks.dedup();
+    for c in chunks {
+        let parts: Vec<String> = per_chunk
+            .range((c, String::new(), "")..(c + 1, String::new(), ""))
+            .map(|((_, role, name), (s, e0, e1))| {
+                let us = |t: &u64| (*t - t0) as f64 / 1e3;
+                format!("{role}.{name} +{:.1}..+{:.1}/+{:.1}", us(s), us(e0), us(e1))
+            })
+            .collect();
+        println!("TIMELINE rank {rank} chunk {c}: {}", parts.join("  "));
+    }
     // Block 0 of each role, chunk by chunk: when each step of the loop began.
     let mut seen = Vec::new();
     for (b, tb) in blocks.iter().enumerate() {
@@ -129,6 +157,7 @@ fn main() -> Result<()> {
     let collective = arg(&args, "--collective").unwrap_or_else(|| "all-gather".into());
     let mib: u64 = arg(&args, "--mib").map_or(Ok(256), |s| s.parse()).context("--mib")?;
     let runs: usize = arg(&args, "--runs").map_or(Ok(3), |s| s.parse()).context("--runs")?;
+    let warm: usize = arg(&args, "--warm").map_or(Ok(0), |s| s.parse()).context("--warm")?;
     // --bytes: an exact size (the larger buffer), for latency-regime calls.
     let bytes: u64 = arg(&args, "--bytes").map_or(Ok(mib << 20), |s| s.parse()).context("--bytes")?;
     if !purlin_collectives::topo::driver_present() || purlin_collectives::topo::device_count() < 2 {
@@ -191,9 +220,24 @@ fn main() -> Result<()> {
     );
     for run in 0..runs {
         let mut launches = Vec::new();
-        for (r, plan) in ranks.iter_mut().zip(&plans) {
+        for r in ranks.iter_mut() {
             r.comm.context().bind_to_thread()?;
             r.stream.memset_zeros(&mut r.output)?;
+        }
+        // --warm: calls through the public API just before the traced one, so that the traced
+        // call starts the way calls in a benchmark loop do (links busy, peer mid-call).
+        for _ in 0..warm {
+            for r in ranks.iter_mut() {
+                r.comm.context().bind_to_thread()?;
+                match collective.as_str() {
+                    "all-gather" => r.comm.all_gather(&r.input, &mut r.output)?,
+                    "all-reduce" => r.comm.all_reduce(&r.input, &mut r.output, &purlin_collectives::ReduceOp::Sum)?,
+                    _ => r.comm.reduce_scatter(&r.input, &mut r.output, &purlin_collectives::ReduceOp::Sum)?,
+                };
+            }
+        }
+        for (r, plan) in ranks.iter_mut().zip(&plans) {
+            r.comm.context().bind_to_thread()?;
             launches.push(r.comm.launch_plan_for_conformance(plan, &r.input, &mut r.output)?);
         }
         let traces = launches.into_iter().map(|l| l.timed_trace()).collect::<Result<Vec<_>, _>>()?;

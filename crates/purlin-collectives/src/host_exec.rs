@@ -491,6 +491,28 @@ impl BlockRun<'_> {
         let bad = |e: String| self.malformed(at, e);
         match s {
             Step::ChunkLoop { .. } => return Err(bad("nested chunk loop".into())),
+            Step::Stage { dst, src, len, share: Some(sh), .. } => {
+                let n = len.at(c);
+                if n == 0 {
+                    return Ok(());
+                }
+                let d = self.ptr(dst, c, sense, n).map_err(bad)?;
+                let s = self.ptr(src, c, sense, n).map_err(bad)?;
+                let idx = sh.ticket.at(c) as usize;
+                let ticket = self.me().counters.get(idx).ok_or_else(|| bad(format!("ticket {idx} out of bounds")))?;
+                // Pieces in turn from the ticket until none is left; the writers' arrival that
+                // follows orders every piece before the signal, and its last one zeroes the ticket.
+                loop {
+                    let start = ticket.fetch_add(1, Ordering::Relaxed).saturating_mul(sh.piece);
+                    if start >= n {
+                        break;
+                    }
+                    let take = sh.piece.min(n - start) as usize;
+                    // SAFETY: start + take <= n bytes of both ranges, in bounds (checked); the
+                    // ticket gives each piece to exactly one writer, so no two copies overlap.
+                    unsafe { std::ptr::copy(s.add(start as usize), d.add(start as usize), take) };
+                }
+            }
             Step::Stage { dst, src, len, .. } | Step::Gather { dst, src, len, expect: None, .. } => {
                 let n = len.at(c);
                 if n == 0 {
@@ -552,14 +574,24 @@ impl BlockRun<'_> {
                     .wait_until(self.deadline(), || word.load(Ordering::Acquire) >= v)
                     .map_err(|f| self.wait_failed(f, at, None, &format!("flag {idx} >= {v}")))?;
             }
-            Step::Arrive { counter, arrivals, then, .. } => {
+            Step::Arrive { counter, arrivals, then, reset, .. } => {
                 let idx = counter.at(c) as usize;
                 let word = self.me().counters.get(idx).ok_or_else(|| bad(format!("counter {idx} out of bounds")))?;
+                let ticket = match reset {
+                    Some(t) => {
+                        let i = t.at(c) as usize;
+                        Some(self.me().counters.get(i).ok_or_else(|| bad(format!("ticket {i} out of bounds")))?)
+                    }
+                    None => None,
+                };
                 let before = word.fetch_add(1, Ordering::AcqRel);
                 // The arrival reaching `arrivals` is its round's last: it resets the counter (the
                 // plan contract), so the next round or call starts from zero.
                 if before + 1 == u64::from(*arrivals) {
                     word.store(0, Ordering::Relaxed);
+                    if let Some(t) = ticket {
+                        t.store(0, Ordering::Relaxed);
+                    }
                     for n in then {
                         self.notify(n, epoch, c, at)?;
                     }

@@ -1,7 +1,7 @@
 //! How a call is planned: regime, staging side, chunk size, blocks per role and slots, per
 //! size band (DESIGN.md §5 "Tuning"). Every knob can be overridden from the environment
 //! (`PURLIN_REGIME=latency|throughput`, `PURLIN_STAGING_SIDE=own|peer`, `PURLIN_CHUNK_BYTES`,
-//! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_LANES`, `PURLIN_SLOTS`,
+//! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_LANES`, `PURLIN_SLOTS`, `PURLIN_SHARE_PIECE`,
 //! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_BLOCK_BYTES`, `PURLIN_LATENCY_MAX_BLOCKS`,
 //! `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`), so the table can be measured before it is
 //! trusted.
@@ -46,6 +46,9 @@ pub struct Tuning {
     pub lanes: Option<u32>,
     /// Staging slots per stream.
     pub slots: u32,
+    /// Throughput writers of a lane stage it together in pieces of this many bytes, taken in
+    /// turn from a ticket (`purlin_snac::Share`); 0: each writer block stages a fixed slice.
+    pub share_piece: u64,
     /// Smaller chunks for mid-size calls: a call is cut into at least this many chunks, but
     /// not below `min_chunk_bytes`, so that staging and consuming overlap.
     pub min_chunks: u64,
@@ -61,10 +64,13 @@ impl Default for Tuning {
         // window holds the call, up to 4 MiB per rank, with up to 64 blocks: AllReduce 1 MiB
         // 14.6 µs against 20.1 with 16 blocks up to 1 MiB, AllGather 2 MiB 13.8 against 17.1
         // staged (round 11); 4 KiB per block beat 16 KiB and 16 blocks from 8 KiB to 128 KiB
-        // (4.7 against 7.7 and 5.6 µs at 32 KiB, round 9). Two lanes per chunk: 256 MiB
+        // (4.7 against 7.7 and 5.6 µs at 32 KiB, round 9). Lanes with fixed slices: 256 MiB
         // AllGather + AllReduce busbw summed over two interleaved repeats, 1/2/4/16 lanes:
         // 303+326, 291+300 / 315+321, 309+325 / 306+341, 301+307 / 310+314, 305+308 GB/s
-        // (round 21, `lane_sweep.sh`).
+        // (round 21, `lane_sweep.sh`). Shared stages (the lane's writers take 256 KiB pieces
+        // from a ticket) with one lane: 256 MiB AllGather / AllReduce busbw 321 / 332 and
+        // 321 / 332 against 295 / 300 and 291 / 303 for fixed slices in two lanes, same run;
+        // 128 KiB pieces 317 / 328, 512 KiB 308 / 319, two lanes 321 / 321 (round 25-26).
         Self {
             regime: None,
             latency_max_bytes: 4 << 20,
@@ -74,8 +80,9 @@ impl Default for Tuning {
             chunk_bytes: 16 << 20,
             blocks_per_role: 16,
             consumer_blocks_per_role: Some(32),
-            lanes: Some(2),
+            lanes: Some(1),
             slots: 2,
+            share_piece: 256 << 10,
             min_chunks: 4,
             min_chunk_bytes: 4 << 20,
         }
@@ -119,6 +126,7 @@ impl Tuning {
         t.consumer_blocks_per_role = env("PURLIN_CONSUMER_BLOCKS")?.or(t.consumer_blocks_per_role);
         t.lanes = env("PURLIN_LANES")?.or(t.lanes);
         t.slots = env("PURLIN_SLOTS")?.unwrap_or(t.slots);
+        t.share_piece = env("PURLIN_SHARE_PIECE")?.unwrap_or(t.share_piece);
         t.min_chunks = env("PURLIN_MIN_CHUNKS")?.unwrap_or(t.min_chunks);
         t.min_chunk_bytes = env("PURLIN_MIN_CHUNK_BYTES")?.unwrap_or(t.min_chunk_bytes);
         t.latency_max_bytes = env("PURLIN_LATENCY_MAX_BYTES")?.unwrap_or(t.latency_max_bytes);
@@ -172,6 +180,8 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
         consumer_blocks_per_role: consumer_blocks,
         lanes: None,
         slots: tuning.slots,
+        // Pieces start 16-byte aligned, so every writer copies through the Atom's vector path.
+        share_piece: tuning.share_piece.div_ceil(16) * 16,
         staging_bytes: limits.staging_bytes,
         window_bytes: limits.window_bytes,
         max_coresident_blocks: limits.max_coresident_blocks,

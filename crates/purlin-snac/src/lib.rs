@@ -44,6 +44,11 @@
 //! **Steps.**
 //! - `Stage { dst, src, len }`, `Gather { dst, src, len, expect: None }`: copy `len` bytes
 //!   (the Atom's `copy`). `dst` of a stage is a staging region.
+//! - `Stage { share: Some(Share { ticket, writers, piece }) }`: `writers` blocks run this same
+//!   step and copy its `len` bytes together: each repeatedly adds 1 to counter word `ticket`
+//!   (relaxed, device scope) and copies piece `k = old value` (bytes `[k*piece, (k+1)*piece)`,
+//!   clamped) until `k*piece >= len`. The next step of each writer is an `Arrive` with
+//!   `arrivals == writers` and `reset == Some(ticket)` ([`Plan::check`] rejects anything else).
 //! - `Gather { src: Window(me), expect: Some(v) }`: poll each packet of the source until its
 //!   flag `== v` (relaxed system-scope loads), then copy its payload. No other wait is implied.
 //! - `Reduce { dst, srcs, len, expect }`: `dst[i] = op(srcs[0][i], srcs[1][i], ...)`,
@@ -61,8 +66,9 @@
 //!   (system scope) before any later memory operation of the block.
 //! - `Arrive { counter, arrivals, then }`: after the block's prior memory operations are
 //!   performed, add 1 to counter `counter` (acq_rel, device scope). The arrival that brings it to
-//!   `arrivals` stores 0 into it and issues every notification of `then` as `Signal` does
-//!   (after a system-scope fence: it publishes the other arrivers' writes too).
+//!   `arrivals` stores 0 into it (and into counter word `reset`, a shared stage's ticket, when
+//!   given) and issues every notification of `then` as `Signal` does (after a system-scope
+//!   fence: it publishes the other arrivers' writes too).
 //! - `HandshakeSend { peer, dst, flag }`: write one packet carrying this rank's advance bound
 //!   (`local` of [`Advance::AgreedMaxChunks`], else 0) flagged `flag` at `dst` of `peer`'s window.
 //! - `HandshakeWait { peer, src, expect }`: poll the packet at `src` of this rank's window until
@@ -90,7 +96,7 @@ pub use derive::{AllReduceAlgo, DeriveError, PlanConfig, derive, derive_rank, gc
 pub use key::{BlockShape, KernelKey, ShapeOp};
 pub use plan::{
     Advance, Alias, BlockProgram, CodecError, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, PlanError,
-    Region, Resources, Role, Space, Step, check_set, decode_plans, encode_plans,
+    Region, Resources, Role, Share, Space, Step, check_set, decode_plans, encode_plans,
 };
 pub use spec::{Collective, CollectiveSpec, Counts, Segment, SpecError};
 pub use types::{ConsumeOp, DataType, Layout, PacketFormat, ReduceOp, ReductionMode, Regime, StagingSide};

@@ -1,7 +1,7 @@
 //! The run-time parameter block: a plan's numbers as a flat array of little-endian `u64`
 //! words, read by the device executor as a `__grid_constant__` kernel parameter.
 //!
-//! # Layout (version 1)
+//! # Layout (version 2)
 //!
 //! Words `0..HEADER_WORDS` are [`ParamHeader`], a `#[repr(C)]` struct of `u64` fields whose
 //! byte offsets [`header_fields`] lists (and [`c_header`] turns into a C struct with
@@ -21,25 +21,25 @@
 //! | op | step | fields after the tag |
 //! |---|---|---|
 //! | 1 | loop | `trips`; the body's records follow |
-//! | 2 | stage | guard, dst region, src region, len |
+//! | 2 | stage | guard, dst region, src region, len, `piece` (0: not shared), ticket index, `writers` |
 //! | 3 | gather | guard, dst region, src region, len, `has_expect`, expect value |
 //! | 4 | reduce | guard, dst region, len, `has_expect`, expect value, `count` src regions |
 //! | 5 | put-packets | guard, dst region, src region, len, flag value |
 //! | 6 | signal/drain | guard, notify |
 //! | 7 | wait | guard, index, value |
-//! | 8 | arrive | guard, counter index, `arrivals`, `count` notifies |
+//! | 8 | arrive | guard, counter index, `arrivals`, `count` notifies, `has_reset`, reset index |
 //! | 9 | handshake-send | `peer`, offset, flag value |
 //! | 10 | handshake-wait | `peer`, offset, expect value |
 
 use crate::plan::{
-    Advance, Alias, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Role, Space,
-    Step,
+    Advance, Alias, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Role, Share,
+    Space, Step,
 };
 
 /// `"SNACPAR1"` as a little-endian word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SNACPAR1");
-/// Layout version.
-pub const VERSION: u64 = 1;
+/// Layout version (2: shared stages and ticket resets).
+pub const VERSION: u64 = 2;
 /// Words in the header.
 pub const HEADER_WORDS: usize = std::mem::size_of::<ParamHeader>() / 8;
 
@@ -203,11 +203,15 @@ impl W {
                 self.0.push(*trips);
                 (1, body.len())
             }
-            Step::Stage { dst, src, len, guard } => {
+            Step::Stage { dst, src, len, guard, share } => {
                 self.guard(*guard);
                 self.region(*dst);
                 self.region(*src);
                 self.len(*len);
+                let sh = share.unwrap_or(Share { ticket: Index::fixed(0), writers: 0, piece: 0 });
+                self.0.push(sh.piece);
+                self.idx(sh.ticket);
+                self.0.push(sh.writers as u64);
                 (2, 0)
             }
             Step::Gather { dst, src, len, expect, guard } => {
@@ -247,11 +251,13 @@ impl W {
                 self.val(*value);
                 (7, 0)
             }
-            Step::Arrive { counter, arrivals, then, guard } => {
+            Step::Arrive { counter, arrivals, then, guard, reset } => {
                 self.guard(*guard);
                 self.idx(*counter);
                 self.0.push(*arrivals as u64);
                 then.iter().for_each(|n| self.notify(n));
+                self.0.push(reset.is_some() as u64);
+                self.idx(reset.unwrap_or(Index::fixed(0)));
                 (8, then.len())
             }
             Step::HandshakeSend { peer, dst, flag } => {
@@ -401,7 +407,12 @@ impl R<'_> {
                 }
                 return Ok(Step::ChunkLoop { trips, body });
             }
-            2 => Step::Stage { guard: self.guard()?, dst: self.region()?, src: self.region()?, len: self.len()? },
+            2 => {
+                let (guard, dst, src, len) = (self.guard()?, self.region()?, self.region()?, self.len()?);
+                let (piece, ticket, writers) = (self.next()?, self.idx()?, self.u32()?);
+                let share = (piece != 0).then_some(Share { ticket, writers, piece });
+                Step::Stage { dst, src, len, guard, share }
+            }
             3 => {
                 let (guard, dst, src, len) = (self.guard()?, self.region()?, self.region()?, self.len()?);
                 let has = self.next()? != 0;
@@ -427,7 +438,8 @@ impl R<'_> {
             8 => {
                 let (guard, counter, arrivals) = (self.guard()?, self.idx()?, self.u32()?);
                 let then = (0..count).map(|_| self.notify()).collect::<Result<Vec<_>, _>>()?;
-                Step::Arrive { counter, arrivals, then, guard }
+                let (has_reset, ticket) = (self.next()? != 0, self.idx()?);
+                Step::Arrive { counter, arrivals, then, guard, reset: has_reset.then_some(ticket) }
             }
             9 => Step::HandshakeSend { peer: self.u32()?, dst: self.off()?, flag: self.val()? },
             10 => Step::HandshakeWait { peer: self.u32()?, src: self.off()?, expect: self.val()? },

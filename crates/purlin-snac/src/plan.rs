@@ -213,13 +213,29 @@ pub enum Role {
     Custom(u32),
 }
 
+/// A stage made by several blocks together: each of the `writers` blocks that run an identical
+/// shared `Stage` takes `piece`-byte pieces of the region in turn from this rank's counter
+/// word `ticket` (an atomic add per piece) until none is left, so blocks that NVLink serves
+/// faster copy more (on 2×H200 writer blocks of one chunk finished up to 56 µs apart with
+/// equal static slices). The stage must be followed by the writers' `Arrive` on one counter
+/// with `arrivals == writers` and `reset == Some(ticket)`: its last arrival, which comes after
+/// every block's last piece, zeroes the ticket for the next round. [`Plan::check`] enforces
+/// this shape; the verifier counts the region written only once every writer has staged it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Share {
+    pub ticket: Index,
+    pub writers: u32,
+    pub piece: u64,
+}
+
 /// One step of a block's program. Semantics: see the crate documentation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Step {
     /// Runs `body` for `c = 0..trips` in order. Only at the top level of a program.
     ChunkLoop { trips: u64, body: Vec<Step> },
-    /// Copies `len` bytes from `src` into `dst` (`dst` in a staging space).
-    Stage { dst: Region, src: Region, len: Len, guard: Guard },
+    /// Copies `len` bytes from `src` into `dst` (`dst` in a staging space). With `share`,
+    /// the copy is one lane's, made by `share.writers` blocks together (see [`Share`]).
+    Stage { dst: Region, src: Region, len: Len, guard: Guard, share: Option<Share> },
     /// Copies `len` bytes from `src` into `dst`; if `src` is a window, first polls every packet
     /// of it until its flag equals `expect`.
     Gather { dst: Region, src: Region, len: Len, expect: Option<EpochVal>, guard: Guard },
@@ -233,8 +249,9 @@ pub enum Step {
     /// Waits until this rank's flag word `flag` is `>= value`.
     Wait { flag: Index, value: EpochVal, guard: Guard },
     /// Adds one to this rank's counter `counter`; the arrival that brings the counter to a
-    /// multiple of `arrivals` issues every notification of `then`.
-    Arrive { counter: Index, arrivals: u32, then: Vec<Notify>, guard: Guard },
+    /// multiple of `arrivals` issues every notification of `then`, after putting this rank's
+    /// counter word `reset` (a shared stage's ticket) back to zero.
+    Arrive { counter: Index, arrivals: u32, then: Vec<Notify>, guard: Guard, reset: Option<Index> },
     /// Writes one packet carrying this rank's `local` advance bound, flagged `flag`, to `dst`
     /// in `peer`'s window.
     HandshakeSend { peer: u32, dst: Offset, flag: EpochVal },
@@ -500,7 +517,70 @@ impl Plan {
                 err = Some(PlanError::Step { rank, block: path.0, step: fmt_path(path), what });
             }
         });
-        err.map_or(Ok(()), Err)
+        if let Some(e) = err {
+            return Err(e);
+        }
+        self.check_shares().map_err(|what| PlanError::Other { rank, what })
+    }
+
+    /// The shape shared stages need ([`Share`]): each followed by its writers' arrival that
+    /// resets its ticket; exactly `writers` identical stages per ticket; tickets apart from
+    /// every arrival counter; no reset without its shared stage.
+    fn check_shares(&self) -> Result<(), String> {
+        let mut groups: Vec<(Index, &Step, u32)> = vec![];
+        let mut resets: Vec<Index> = vec![];
+        let mut counters: BTreeSet<u32> = BTreeSet::new();
+        for (b, block) in self.blocks.iter().enumerate() {
+            for (i, s) in block.steps.iter().enumerate() {
+                let (body, trips): (&[Step], u64) = match s {
+                    Step::ChunkLoop { trips, body } => (body, *trips),
+                    s => (std::slice::from_ref(s), 1),
+                };
+                for (j, t) in body.iter().enumerate() {
+                    let g = t.guard();
+                    let range = (g.from, g.until.min(trips));
+                    if let Step::Arrive { counter, reset, .. } = t {
+                        counters.extend(idx_set(counter, range));
+                        resets.extend(*reset);
+                    }
+                    let Step::Stage { share: Some(sh), guard, .. } = t else { continue };
+                    let follows = matches!(body.get(j + 1), Some(Step::Arrive { arrivals, reset, guard: ag, .. })
+                        if *arrivals == sh.writers && *reset == Some(sh.ticket) && ag == guard);
+                    if !follows {
+                        return Err(format!(
+                            "block {b} step {i}.{j}: a shared stage must be followed by an arrival of its {} \
+                             writers that resets ticket {}",
+                            sh.writers, sh.ticket
+                        ));
+                    }
+                    match groups.iter_mut().find(|(tk, _, _)| *tk == sh.ticket) {
+                        Some((_, first, n)) if *first == t => *n += 1,
+                        Some(_) => return Err(format!("ticket {} shared by stages that differ", sh.ticket)),
+                        None => groups.push((sh.ticket, t, 1)),
+                    }
+                }
+            }
+        }
+        for (ticket, step, n) in &groups {
+            let Step::Stage { share: Some(sh), guard, .. } = step else { continue };
+            if *n != sh.writers {
+                return Err(format!("ticket {ticket}: {n} blocks share a stage declared for {} writers", sh.writers));
+            }
+            let tickets = idx_set(ticket, (guard.from, guard.until.min(self.max_trips().max(1))));
+            if let Some(i) = tickets.iter().find(|i| counters.contains(i)) {
+                return Err(format!("ticket word {i} is also an arrival counter"));
+            }
+            for (other, ..) in groups.iter().filter(|(o, ..)| o != ticket) {
+                let o = idx_set(other, (0, self.max_trips().max(1)));
+                if tickets.iter().any(|i| o.contains(i)) {
+                    return Err(format!("tickets {ticket} and {other} overlap"));
+                }
+            }
+        }
+        if let Some(t) = resets.iter().find(|t| !groups.iter().any(|(g, ..)| g == *t)) {
+            return Err(format!("an arrival resets ticket {t}, which no shared stage uses"));
+        }
+        Ok(())
     }
 
     fn check_region(&self, r: &Region, len: &Len, (lo, hi): (u64, u64)) -> Result<(), String> {
@@ -589,9 +669,15 @@ impl Plan {
         let win = |x: &Region| matches!(x.space, Space::Window(_));
         match s {
             Step::ChunkLoop { .. } => Ok(()),
-            Step::Stage { dst, src, len, .. } => {
+            Step::Stage { dst, src, len, share, .. } => {
                 if !matches!(dst.space, Space::Staging(_)) {
                     return Err("stage must write a staging region".into());
+                }
+                if let Some(sh) = share {
+                    if sh.writers == 0 || sh.piece == 0 {
+                        return Err("a shared stage needs writers and a piece size".into());
+                    }
+                    self.check_index(&sh.ticket, r.counter_words, range, "ticket")?;
                 }
                 if win(src) {
                     return Err("stage cannot read a window".into());
@@ -652,11 +738,14 @@ impl Plan {
                 self.check_index(flag, r.flag_words, range, "flag")?;
                 self.check_val(value, range)
             }
-            Step::Arrive { counter, arrivals, then, .. } => {
+            Step::Arrive { counter, arrivals, then, reset, .. } => {
                 if *arrivals == 0 {
                     return Err("arrive with zero arrivals".into());
                 }
                 self.check_index(counter, r.counter_words, range, "counter")?;
+                if let Some(t) = reset {
+                    self.check_index(t, r.counter_words, range, "ticket")?;
+                }
                 then.iter().try_for_each(|n| self.check_notify(n, range))
             }
             Step::HandshakeSend { peer, dst, flag } => {
@@ -878,7 +967,15 @@ impl fmt::Display for Step {
         let l = |l: &Len| format!("{}B", l.max);
         match self {
             Step::ChunkLoop { trips, body } => write!(f, "loop c in 0..{trips} ({} steps)", body.len()),
-            Step::Stage { dst, src, len, .. } => write!(f, "stage {dst} <- {src} {}{gs}", l(len)),
+            Step::Stage { dst, src, len, share: None, .. } => write!(f, "stage {dst} <- {src} {}{gs}", l(len)),
+            Step::Stage { dst, src, len, share: Some(sh), .. } => write!(
+                f,
+                "stage {dst} <- {src} {} shared by {} in {}B pieces of ticket[{}]{gs}",
+                l(len),
+                sh.writers,
+                sh.piece,
+                sh.ticket
+            ),
             Step::Gather { dst, src, len, expect, .. } => {
                 write!(f, "gather {dst} <- {src} {}", l(len))?;
                 if let Some(e) = expect {
@@ -899,9 +996,10 @@ impl fmt::Display for Step {
             }
             Step::Signal { notify, .. } => write!(f, "{notify}{gs}"),
             Step::Wait { flag, value, .. } => write!(f, "wait flag[{flag}] >= {value}{gs}"),
-            Step::Arrive { counter, arrivals, then, .. } => {
+            Step::Arrive { counter, arrivals, then, reset, .. } => {
                 let t: Vec<String> = then.iter().map(|n| n.to_string()).collect();
-                write!(f, "arrive ctr[{counter}] of {arrivals} then [{}]{gs}", t.join("; "))
+                let z = reset.map(|i| format!(" reset ticket[{i}]")).unwrap_or_default();
+                write!(f, "arrive ctr[{counter}] of {arrivals}{z} then [{}]{gs}", t.join("; "))
             }
             Step::HandshakeSend { peer, dst, flag } => {
                 write!(f, "handshake-send r{peer} {} flag={flag}", Region::window(*peer, *dst))

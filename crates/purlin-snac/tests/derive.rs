@@ -242,6 +242,7 @@ fn hand_written_plans_through_the_public_api() {
                     src: Region::input(Offset::fixed(0)),
                     len: Len::fixed(64),
                     guard: Guard::ALWAYS,
+                    share: None,
                 },
                 Step::Signal {
                     notify: Notify { kind: NotifyKind::Ready, peer, flag: Index::fixed(0), value: EpochVal::at(1) },

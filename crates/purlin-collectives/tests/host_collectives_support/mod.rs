@@ -34,9 +34,10 @@ pub enum Setup {
     Latency,
     /// Latency regime, 16-byte packets.
     Latency16,
-    /// Throughput, push staging, 512-byte chunks and 2 slots (so small calls reuse slots).
+    /// Throughput, push staging, 512-byte chunks and 2 slots (so small calls reuse slots), one
+    /// lane whose two writer blocks share its stage in 48-byte pieces (`purlin_snac::Share`).
     ThroughputPeer,
-    /// Throughput, pull staging, likewise.
+    /// Throughput, pull staging, likewise but each writer block staging its own slice.
     ThroughputOwn,
 }
 
@@ -61,8 +62,15 @@ pub fn config(setup: Setup, mode: ReductionMode) -> CpuConfig {
             c.tuning.regime = Some(Regime::Latency);
             c.packet = PacketFormat::B16;
         }
-        Setup::ThroughputPeer => small(&mut c, StagingSide::Peer),
-        Setup::ThroughputOwn => small(&mut c, StagingSide::Own),
+        Setup::ThroughputPeer => {
+            small(&mut c, StagingSide::Peer);
+            c.tuning.lanes = Some(1);
+            c.tuning.share_piece = 48;
+        }
+        Setup::ThroughputOwn => {
+            small(&mut c, StagingSide::Own);
+            c.tuning.share_piece = 0;
+        }
     }
     c
 }

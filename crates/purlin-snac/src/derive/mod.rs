@@ -59,6 +59,10 @@ pub struct PlanConfig {
     pub lanes: Option<u32>,
     /// Most slots per stream (cyclic staging); fewer if staging is too small.
     pub slots: u32,
+    /// Throughput writers of one lane stage it together in pieces of this many bytes
+    /// ([`crate::plan::Share`]), a multiple of 16; 0: each block stages its own slice. Used
+    /// where a lane has more than one writer block.
+    pub share_piece: u64,
     /// Symmetric staging bytes per rank (two sense halves); a multiple of 32.
     pub staging_bytes: u64,
     /// Packet window payload bytes per rank (two sense halves); a multiple of 32.
@@ -111,6 +115,7 @@ impl Default for PlanConfig {
             consumer_blocks_per_role: None,
             lanes: None,
             slots: 8,
+            share_piece: 0,
             staging_bytes: 16 << 20,
             window_bytes: 1 << 20,
             max_coresident_blocks: 64,

@@ -15,8 +15,15 @@
 //! every reader wait for the slowest writer and every writer for the slowest reader's drain
 //! (a 256 MiB AllGather on 2×H200: producers waited 27–95 µs per call on drains). One lane
 //! per writer block removes those waits but lets lanes drift apart, so the slowest lane ends
-//! the call; the GPU tuning uses 2 lanes, the best of 1/2/4/16 measured (PERFORMANCE.md,
-//! rounds 19–21).
+//! the call; 2 lanes measured best of 1/2/4/16 with fixed slices (PERFORMANCE.md, rounds
+//! 19–21).
+//!
+//! *Shared stages* (`PlanConfig::share_piece > 0` and more than one writer per lane): the
+//! writers of a lane do not take fixed slices; each runs one `Stage` of the lane's whole
+//! slice with a [`Share`], taking `share_piece`-byte pieces from a ticket word, so the blocks
+//! NVLink serves faster copy more and a lane's writers finish together. Tickets are counter
+//! words placed after the arrival counters (one per producer counter word), reset by the
+//! lane's `Arrive`.
 //!
 //! Staging of every rank: two sense halves of `H = staging_bytes / 2`; each half holds `areas`
 //! areas of `slots` slots of `C` bytes. Chunk `c` of a transfer lives in slot `c % slots` of
@@ -40,7 +47,7 @@
 
 use super::{DeriveError, PlanConfig, add_handshake, compact, empty_non_v, empty_plan, two_shot};
 use crate::plan::{
-    Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Role, Step,
+    Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Role, Share, Step,
 };
 use crate::spec::{Collective, CollectiveSpec};
 use crate::types::{ConsumeOp, Regime, StagingSide};
@@ -71,6 +78,8 @@ struct Ctx<'a> {
     composed: bool,
     bcast0: bool,
     areas0: u64,
+    /// Shared producer stages: piece bytes, and where the ticket words start.
+    share: Option<(u64, u32)>,
 }
 
 impl Ctx<'_> {
@@ -212,10 +221,13 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     // Phase 0: Producer -> readers; phase 1 (composed): Head -> Tail, both cut by `rd`.
     let lanes = [cfg.lanes(), nc];
     let lmax = if composed { lanes[0].max(lanes[1]) } else { lanes[0] };
-    let x = Ctx { spec, world, wr, rd, c, half, slots, phases, lanes, lmax, pull, composed, bcast0, areas0 };
     let words = 2 * phases as u64 * w1 * lmax as u64 * slots;
+    // Shared stages' tickets follow the counters, one per producer counter word.
+    let shared = cfg.share_piece > 0 && nb / lanes[0] > 1;
+    let share = shared.then_some((cfg.share_piece, words as u32));
+    let x = Ctx { spec, world, wr, rd, c, half, slots, phases, lanes, lmax, pull, composed, bcast0, areas0, share };
     plan.resources.flag_words = words as u32;
-    plan.resources.counter_words = words as u32;
+    plan.resources.counter_words = if shared { 2 * words } else { words } as u32;
 
     let pairs = || (0..world).flat_map(|p| (0..world).filter(move |&q| q != p).map(move |q| (p, q)));
     let transfer_bytes =
@@ -266,14 +278,32 @@ fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
         if ch > x.slots {
             steps.extend(readers.iter().map(|&q| x.drain_wait(0, r, q, lane, ch)));
         }
-        steps.push(Step::Stage {
-            dst: x.staging(0, r, readers[0], b, x.wr),
-            src: Region::input(x.local(off, b, x.wr)),
-            len: x.len(n, b, x.wr),
-            guard: g,
-        });
         let then = readers.iter().map(|&q| x.signal(0, q, r, lane)).collect();
-        steps.push(Step::Arrive { counter: ctr, arrivals: per_lane, then, guard: g });
+        match x.share {
+            // The lane's writers copy its whole slice together, taking pieces from a ticket.
+            Some((piece, tickets)) => {
+                let cut = Cut { blocks: x.lanes[0], slice: x.wr.slice * per_lane as u64 };
+                let ticket = Index::cyclic(ctr.base + tickets, ctr.chunk_modulus);
+                steps.push(Step::Stage {
+                    dst: x.staging(0, r, readers[0], lane, cut),
+                    src: Region::input(x.local(off, lane, cut)),
+                    len: x.len(n, lane, cut),
+                    guard: g,
+                    share: Some(Share { ticket, writers: per_lane, piece }),
+                });
+                steps.push(Step::Arrive { counter: ctr, arrivals: per_lane, then, guard: g, reset: Some(ticket) });
+            }
+            None => {
+                steps.push(Step::Stage {
+                    dst: x.staging(0, r, readers[0], b, x.wr),
+                    src: Region::input(x.local(off, b, x.wr)),
+                    len: x.len(n, b, x.wr),
+                    guard: g,
+                    share: None,
+                });
+                steps.push(Step::Arrive { counter: ctr, arrivals: per_lane, then, guard: g, reset: None });
+            }
+        }
     };
     if x.bcast(0) {
         stream(x.peers(r).collect(), x.prod(0, 0, lane), &mut steps);
@@ -293,6 +323,7 @@ fn drain_arrive(x: &Ctx, phase: u32, r: u32, p: u32, b: u32, ch: u64) -> Option<
         arrivals: per_lane,
         then: vec![x.drain_to(phase, p, r, lane)],
         guard: Guard::new(0, ch),
+        reset: None,
     })
 }
 
@@ -385,14 +416,14 @@ fn head(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
             if ch > x.slots {
                 steps.push(x.drain_wait(1, r, q, lane1, ch));
             }
-            steps.push(Step::Stage { dst: x.staging(1, r, q, b, x.rd), src: out, len, guard: g });
+            steps.push(Step::Stage { dst: x.staging(1, r, q, b, x.rd), src: out, len, guard: g, share: None });
         }
     }
     for p in x.peers(r) {
         steps.extend(drain_arrive(x, 0, r, p, b, ch));
     }
     let then = x.peers(r).map(|q| x.signal(1, q, r, lane1)).collect();
-    steps.push(Step::Arrive { counter: x.prod(1, 0, lane1), arrivals: per_lane1, then, guard: g });
+    steps.push(Step::Arrive { counter: x.prod(1, 0, lane1), arrivals: per_lane1, then, guard: g, reset: None });
     steps
 }
 
@@ -425,7 +456,7 @@ mod tests {
     use crate::spec::{Collective, CollectiveSpec};
     use crate::types::{DataType, ReduceOp, Regime, StagingSide};
     use crate::verify::{Coverage, Mode, Options, twin_spec, verify};
-    use crate::{AllReduceAlgo, Role};
+    use crate::{AllReduceAlgo, Plan, Role, Step, derive_rank};
 
     /// Every collective's throughput plan shape, with both AllReduce algorithms.
     const CASES: [(Collective, AllReduceAlgo); 5] = [
@@ -489,6 +520,75 @@ mod tests {
         let cfg = PlanConfig { lanes: Some(3), blocks_per_role: 2, ..PlanConfig::default() };
         let spec = CollectiveSpec::all_gather(2, DataType::U8, 4096);
         assert!(matches!(derive(&spec, &cfg), Err(crate::DeriveError::Lanes { lanes: 3, .. })));
+    }
+
+    /// Shared stages (one lane of two writer blocks taking 16-byte pieces from a ticket) give
+    /// plans the verifier proves safe, exhaustively over three calls at world 2 for every
+    /// collective, staging side and AllReduce algorithm; and `Plan::check` rejects a shared
+    /// stage without its ticket reset or with a wrong writer count.
+    #[test]
+    fn shared_stages_verify_and_keep_their_shape() {
+        for side in [StagingSide::Own, StagingSide::Peer] {
+            for (c, algo) in CASES {
+                let cfg = PlanConfig { blocks_per_role: 2, lanes: Some(1), share_piece: 16, ..small_cfg(side, algo) };
+                let spec = twin_spec(&u8_spec(c, 2, 192), cfg.chunk_bytes, cfg.slots as u64);
+                let plans = derive(&spec, &cfg).unwrap_or_else(|e| panic!("{c:?} {cfg:?}: {e}"));
+                let shared = plans[0].blocks.iter().flat_map(|b| &b.steps).any(|s| match s {
+                    Step::ChunkLoop { body, .. } => {
+                        body.iter().any(|t| matches!(t, Step::Stage { share: Some(_), .. }))
+                    }
+                    _ => false,
+                });
+                assert!(shared, "{c:?} {side:?}: no shared stage");
+                let r = verify(
+                    &[plans.clone(), plans.clone(), plans],
+                    &Options { max_states: 2_000_000, mode: Mode::Exhaustive, ..Options::default() },
+                );
+                match (&r.result, r.coverage) {
+                    (Ok(()), Coverage::Exhaustive { .. }) => {}
+                    (Err(v), cov) => panic!("{c:?} {algo:?} {side:?}: {cov}: {v}"),
+                    (Ok(()), cov) => panic!("{c:?} {algo:?} {side:?}: unexpected coverage {cov}"),
+                }
+            }
+        }
+        let cfg = PlanConfig {
+            blocks_per_role: 2,
+            lanes: Some(1),
+            share_piece: 16,
+            ..small_cfg(StagingSide::Peer, AllReduceAlgo::Auto)
+        };
+        let plan = derive_rank(&u8_spec(Collective::AllGather, 2, 192), &cfg, 0).expect("derive");
+        assert!(plan.check().is_ok());
+        let body = |p: &mut Plan, b: usize| match &mut p.blocks[b].steps[0] {
+            Step::ChunkLoop { body, .. } => body.clone(),
+            _ => unreachable!("a producer's program is one chunk loop"),
+        };
+        let producer = plan.blocks.iter().position(|b| b.role == Role::Producer).expect("a producer");
+        let at = body(&mut plan.clone(), producer)
+            .iter()
+            .position(|s| matches!(s, Step::Stage { share: Some(_), .. }))
+            .expect("a shared stage");
+        let mut no_reset = plan.clone();
+        if let Step::ChunkLoop { body, .. } = &mut no_reset.blocks[producer].steps[0] {
+            if let Step::Arrive { reset, .. } = &mut body[at + 1] {
+                *reset = None;
+            }
+        }
+        assert!(no_reset.check().is_err(), "a shared stage whose arrival does not reset its ticket");
+        let mut wrong_count = plan;
+        for b in &mut wrong_count.blocks {
+            if let Some(Step::ChunkLoop { body, .. }) = b.steps.first_mut() {
+                for s in body.iter_mut() {
+                    if let Step::Stage { share: Some(sh), .. } = s {
+                        sh.writers = 3;
+                    }
+                    if let Step::Arrive { arrivals, reset: Some(_), .. } = s {
+                        *arrivals = 3;
+                    }
+                }
+            }
+        }
+        assert!(wrong_count.check().is_err(), "two blocks sharing a stage declared for three");
     }
 
     /// Writers and readers cutting chunks differently (1 producer block and 2 reader blocks,

@@ -66,6 +66,10 @@ impl Term {
 /// One access: `(process, its clock at the access)`.
 pub type Access = (u32, u32);
 
+/// A shared stage's round (see `crate::plan::Share`): the writers' rank, the ticket word at
+/// the chunk, the chunk, and how many writers make the bytes complete.
+pub type ShareTag = (u32, u32, u64, u32);
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Seg {
     pub start: u64,
@@ -74,6 +78,10 @@ pub struct Seg {
     /// `call + 1` of the write, 0 if never written.
     pub wcall: u32,
     pub writer: Option<Access>,
+    /// A shared stage's earlier writers of these bytes in the same round (with `writer`, all
+    /// of them so far; the bytes are complete when they number `share`'s writers).
+    pub cowriters: Vec<Access>,
+    pub share: Option<ShareTag>,
     /// The writer's clock vector, kept for packets (a packet read synchronizes with its put).
     pub wvc: Option<Rc<Vec<u32>>>,
     /// Packet flag (windows), if written by a put.
@@ -97,6 +105,8 @@ impl IMap {
                 term: Term::Uninit,
                 wcall: 0,
                 writer: None,
+                cowriters: vec![],
+                share: None,
                 wvc: None,
                 flag: None,
                 readers: vec![],
@@ -147,6 +157,7 @@ impl IMap {
         b: u64,
         pieces: Vec<(u64, u64, Term)>,
         tag: (u32, Access, Option<Rc<Vec<u32>>>, Option<u64>),
+        share: Option<ShareTag>,
     ) {
         let r = self.range(a, b);
         let (wcall, writer, wvc, flag) = tag;
@@ -158,12 +169,23 @@ impl IMap {
                 term,
                 wcall,
                 writer: Some(writer),
+                cowriters: vec![],
+                share,
                 wvc: wvc.clone(),
                 flag,
                 readers: vec![],
             })
             .collect();
         self.segs.splice(r, new);
+        self.merge();
+    }
+
+    /// Records `earlier` as co-writers of `[a, b)` (a shared stage's writers before this one).
+    pub fn add_cowriters(&mut self, a: u64, b: u64, earlier: &[Access]) {
+        let r = self.range(a, b);
+        for s in &mut self.segs[r] {
+            s.cowriters = earlier.to_vec();
+        }
         self.merge();
     }
 
@@ -174,6 +196,8 @@ impl IMap {
             if let Some(l) = out.last_mut() {
                 if l.wcall == s.wcall
                     && l.writer == s.writer
+                    && l.cowriters == s.cowriters
+                    && l.share == s.share
                     && l.flag == s.flag
                     && l.readers == s.readers
                     && l.wvc == s.wvc

@@ -83,7 +83,7 @@ use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use mem::{Access, IMap, Term};
+use mem::{Access, IMap, ShareTag, Term};
 
 use crate::plan::{Advance, Alias, EpochVal, Plan, Region, Space, Step, check_set, fmt_path};
 use crate::spec::{Collective, CollectiveSpec, Counts};
@@ -1108,10 +1108,10 @@ impl<'a> Model<'a> {
         let tag = |_: ()| (k as u32 + 1, (h as u32, t), None, None);
         match res.alias {
             Some(Alias::InputInOutput(o)) => {
-                output.write(o, o + res.input_bytes, vec![(0, res.input_bytes, term)], tag(()));
+                output.write(o, o + res.input_bytes, vec![(0, res.input_bytes, term)], tag(()), None);
             }
             Some(Alias::OutputInInput(_)) | None => {
-                input.write(0, res.input_bytes, vec![(0, res.input_bytes, term)], tag(()));
+                input.write(0, res.input_bytes, vec![(0, res.input_bytes, term)], tag(()), None);
             }
         }
         st.mem[r][0] = input;
@@ -1221,7 +1221,22 @@ impl<'a> Model<'a> {
         let m = &mut st.mem[rank][sp];
         let range = m.range(a, b);
         for s in &mut m.segs[range] {
-            if let Some((q, tq)) = s.writer {
+            if let Some((_, _, _, writers)) = s.share {
+                let staged = 1 + s.cowriters.len() as u32;
+                if staged < writers {
+                    return Err(viol(
+                        Property::Readiness,
+                        format!(
+                            "{} reads {} [{}, {}) which {staged} of the {writers} writers of its shared stage have staged",
+                            self.who_s(pid as u32),
+                            Self::space_s(rank, sp),
+                            s.start,
+                            s.end
+                        ),
+                    ));
+                }
+            }
+            for &(q, tq) in s.writer.iter().chain(&s.cowriters) {
                 if q as usize != pid && tq > vc[q as usize] {
                     return Err(viol(
                         Property::Readiness,
@@ -1256,6 +1271,8 @@ impl<'a> Model<'a> {
         Ok(st.mem[rank][sp].read_terms(a, b))
     }
 
+    /// A data write by `pid`; `share`: as one writer of a shared stage's round, whose other
+    /// writers' copies of the same bytes are not races (the ticket hands each byte to one).
     fn write(
         &self,
         st: &mut St,
@@ -1263,6 +1280,7 @@ impl<'a> Model<'a> {
         l: (usize, usize, u64, u64),
         pieces: Vec<(u64, u64, Term)>,
         packet: Option<u64>,
+        share: Option<ShareTag>,
     ) -> Result<(), Violation> {
         let (rank, sp, a, b) = l;
         if a == b {
@@ -1273,8 +1291,17 @@ impl<'a> Model<'a> {
         let t = vc[pid];
         let m = &mut st.mem[rank][sp];
         let range = m.range(a, b);
+        let mut earlier: Vec<(u64, u64, Vec<Access>)> = vec![];
         for s in &m.segs[range] {
-            if let Some((q, tq)) = s.writer {
+            let round = s.share.filter(|_| s.share == share && s.wcall == k + 1);
+            if let Some((.., writers)) = round {
+                let all: Vec<Access> = s.writer.iter().chain(&s.cowriters).copied().collect();
+                if all.len() < writers as usize && all.iter().all(|(q, _)| *q as usize != pid) {
+                    earlier.push((s.start, s.end, all));
+                    continue;
+                }
+            }
+            for &(q, tq) in s.writer.iter().chain(&s.cowriters) {
                 if q as usize != pid && tq > vc[q as usize] {
                     return Err(viol(
                         Property::Race,
@@ -1304,7 +1331,11 @@ impl<'a> Model<'a> {
             }
         }
         let wvc = packet.map(|_| vc.clone());
-        st.mem[rank][sp].write(a, b, pieces, (k + 1, (pid as u32, t), wvc, packet));
+        let m = &mut st.mem[rank][sp];
+        m.write(a, b, pieces, (k + 1, (pid as u32, t), wvc, packet), share);
+        for (x, y, all) in earlier {
+            m.add_cowriters(x, y, &all);
+        }
         Ok(())
     }
 
@@ -1383,6 +1414,12 @@ impl<'a> Model<'a> {
         let e = st.ps[pid].e;
         match s {
             Step::ChunkLoop { .. } => {}
+            Step::Stage { dst, src, len, share: Some(sh), .. } => {
+                let n = len.at(c);
+                let pieces = self.read(st, pid, self.loc(pid, src, n, c, e))?;
+                let tag = (r as u32, sh.ticket.at(c), c, sh.writers);
+                self.write(st, pid, self.loc(pid, dst, n, c, e), pieces, None, Some(tag))?;
+            }
             Step::Stage { dst, src, len, .. } | Step::Gather { dst, src, len, .. } => {
                 let n = len.at(c);
                 let ls = self.loc(pid, src, n, c, e);
@@ -1392,7 +1429,7 @@ impl<'a> Model<'a> {
                 let pieces = self.read(st, pid, ls)?;
                 let ld = self.loc(pid, dst, n, c, e);
                 if ls != ld {
-                    self.write(st, pid, ld, pieces, None)?;
+                    self.write(st, pid, ld, pieces, None, None)?;
                 }
             }
             Step::Reduce { dst, srcs, len, expect, .. } => {
@@ -1423,13 +1460,13 @@ impl<'a> Model<'a> {
                     })
                     .collect();
                 let ld = self.loc(pid, dst, n, c, e);
-                self.write(st, pid, ld, pieces, None)?;
+                self.write(st, pid, ld, pieces, None, None)?;
             }
             Step::PutPackets { dst, src, len, flag, .. } => {
                 let n = len.at(c);
                 let pieces = self.read(st, pid, self.loc(pid, src, n, c, e))?;
                 let ld = self.loc(pid, dst, n, c, e);
-                self.write(st, pid, ld, pieces, Some(eval(flag, e, c)))?;
+                self.write(st, pid, ld, pieces, Some(eval(flag, e, c)), None)?;
             }
             Step::Signal { notify, .. } => {
                 let snap = st.vc[pid].clone();
