@@ -475,7 +475,10 @@ constexpr u64 kPrefetchNever = 0xfeedfacecafebeefull;
 __shared__ u64 s_prefetch_sink;
 
 __device__ void run_block(const u64* w, const Runtime* rt) {
-  extern __shared__ __align__(16) u8 smem[];
+  // 128-byte aligned: when the shared-stage bookkeeping grew the static shared variables by
+  // 16 bytes, the Atom's pipeline buffers after them lost their 64-byte alignment and every
+  // copy and reduce got 10-20% slower (2-32 MiB calls, rounds 30-33, PERFORMANCE.md).
+  extern __shared__ __align__(128) u8 smem[];
   const ParamHeader* h = (const ParamHeader*)w;
   u64* control = (u64*)rt->control;
   const u32 t = purlin::atom::tid();

@@ -2,6 +2,7 @@
 //! size band (DESIGN.md §5 "Tuning"). Every knob can be overridden from the environment
 //! (`PURLIN_REGIME=latency|throughput`, `PURLIN_STAGING_SIDE=own|peer`, `PURLIN_CHUNK_BYTES`,
 //! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_LANES`, `PURLIN_SLOTS`, `PURLIN_SHARE_PIECE`,
+//! `PURLIN_SHARE_MIN_CHUNK`,
 //! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_BLOCK_BYTES`, `PURLIN_LATENCY_MAX_BLOCKS`,
 //! `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`), so the table can be measured before it is
 //! trusted.
@@ -47,8 +48,12 @@ pub struct Tuning {
     /// Staging slots per stream.
     pub slots: u32,
     /// Throughput writers of a lane stage it together in pieces of this many bytes, taken in
-    /// turn from a ticket (`purlin_snac::Share`); 0: each writer block stages a fixed slice.
+    /// turn from a ticket (`purlin_snac::Share`), in calls whose chunks are at least
+    /// `share_min_chunk` bytes; such calls run one lane (`lanes` applies to the others).
+    /// 0: each writer block always stages a fixed slice.
     pub share_piece: u64,
+    /// The smallest chunk whose stage is shared (see `share_piece`).
+    pub share_min_chunk: u64,
     /// Smaller chunks for mid-size calls: a call is cut into at least this many chunks, but
     /// not below `min_chunk_bytes`, so that staging and consuming overlap.
     pub min_chunks: u64,
@@ -70,7 +75,10 @@ impl Default for Tuning {
         // (round 21, `lane_sweep.sh`). Shared stages (the lane's writers take 256 KiB pieces
         // from a ticket) with one lane: 256 MiB AllGather / AllReduce busbw 321 / 332 and
         // 321 / 332 against 295 / 300 and 291 / 303 for fixed slices in two lanes, same run;
-        // 128 KiB pieces 317 / 328, 512 KiB 308 / 319, two lanes 321 / 321 (round 25-26).
+        // 128 KiB pieces 317 / 328, 512 KiB 308 / 319, two lanes 321 / 321 (rounds 25-26);
+        // with the dynamic shared memory 128-byte aligned, 337 / 347 (round 33). Shared stages
+        // cost 2-8% where chunks are 4-8 MiB (2-32 MiB calls, round 33), so they start at
+        // 16 MiB chunks.
         Self {
             regime: None,
             latency_max_bytes: 4 << 20,
@@ -80,9 +88,10 @@ impl Default for Tuning {
             chunk_bytes: 16 << 20,
             blocks_per_role: 16,
             consumer_blocks_per_role: Some(32),
-            lanes: Some(1),
+            lanes: Some(2),
             slots: 2,
             share_piece: 256 << 10,
+            share_min_chunk: 16 << 20,
             min_chunks: 4,
             min_chunk_bytes: 4 << 20,
         }
@@ -127,6 +136,7 @@ impl Tuning {
         t.lanes = env("PURLIN_LANES")?.or(t.lanes);
         t.slots = env("PURLIN_SLOTS")?.unwrap_or(t.slots);
         t.share_piece = env("PURLIN_SHARE_PIECE")?.unwrap_or(t.share_piece);
+        t.share_min_chunk = env("PURLIN_SHARE_MIN_CHUNK")?.unwrap_or(t.share_min_chunk);
         t.min_chunks = env("PURLIN_MIN_CHUNKS")?.unwrap_or(t.min_chunks);
         t.min_chunk_bytes = env("PURLIN_MIN_CHUNK_BYTES")?.unwrap_or(t.min_chunk_bytes);
         t.latency_max_bytes = env("PURLIN_LATENCY_MAX_BYTES")?.unwrap_or(t.latency_max_bytes);
@@ -180,8 +190,7 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
         consumer_blocks_per_role: consumer_blocks,
         lanes: None,
         slots: tuning.slots,
-        // Pieces start 16-byte aligned, so every writer copies through the Atom's vector path.
-        share_piece: tuning.share_piece.div_ceil(16) * 16,
+        share_piece: 0,
         staging_bytes: limits.staging_bytes,
         window_bytes: limits.window_bytes,
         max_coresident_blocks: limits.max_coresident_blocks,
@@ -194,6 +203,11 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
     let granule = cfg.chunk_granule();
     let split = band_bytes(spec).div_ceil(tuning.min_chunks.max(1)).max(tuning.min_chunk_bytes);
     cfg.chunk_bytes = tuning.chunk_bytes.min(split).max(granule).div_ceil(granule) * granule;
+    if tuning.share_piece > 0 && cfg.chunk_bytes >= tuning.share_min_chunk {
+        // Pieces start 16-byte aligned, so every writer copies through the Atom's vector path.
+        cfg.share_piece = tuning.share_piece.div_ceil(16) * 16;
+        cfg.lanes = Some(1);
+    }
     cfg
 }
 
@@ -261,6 +275,20 @@ mod tests {
             max_coresident_blocks: 264,
             packet: PacketFormat::B16,
         }
+    }
+
+    /// Large calls (16 MiB chunks) share their stages in one lane; mid-size calls (4 MiB
+    /// chunks) keep fixed slices in two lanes.
+    #[test]
+    fn only_large_chunks_share_their_stages() {
+        let limits = PlanLimits { staging_bytes: 64 << 20, ..limits() };
+        let large =
+            plan_config(&CollectiveSpec::all_gather(2, DataType::F32, 32 << 20), false, &Tuning::default(), &limits);
+        assert_eq!((large.chunk_bytes, large.share_piece, large.lanes), (16 << 20, 256 << 10, Some(1)));
+        let mid =
+            plan_config(&CollectiveSpec::all_gather(2, DataType::F32, 1 << 20), false, &Tuning::default(), &limits);
+        assert_eq!((mid.share_piece, mid.lanes), (0, Some(2)));
+        assert!(mid.chunk_bytes < 16 << 20);
     }
 
     #[test]

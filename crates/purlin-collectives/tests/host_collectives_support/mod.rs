@@ -66,6 +66,7 @@ pub fn config(setup: Setup, mode: ReductionMode) -> CpuConfig {
             small(&mut c, StagingSide::Peer);
             c.tuning.lanes = Some(1);
             c.tuning.share_piece = 48;
+            c.tuning.share_min_chunk = 0;
         }
         Setup::ThroughputOwn => {
             small(&mut c, StagingSide::Own);
