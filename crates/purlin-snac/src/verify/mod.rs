@@ -1220,50 +1220,32 @@ impl<'a> Model<'a> {
         let t = vc[pid];
         let m = &mut st.mem[rank][sp];
         let range = m.range(a, b);
+        let unready = |s: &mem::Seg, why: String| {
+            let who = self.who_s(pid as u32);
+            viol(Property::Readiness, format!("{who} reads {} [{}, {}){why}", Self::space_s(rank, sp), s.start, s.end))
+        };
         for s in &mut m.segs[range] {
             if let Some((_, _, _, writers)) = s.share {
                 let staged = 1 + s.cowriters.len() as u32;
                 if staged < writers {
-                    return Err(viol(
-                        Property::Readiness,
-                        format!(
-                            "{} reads {} [{}, {}) which {staged} of the {writers} writers of its shared stage have staged",
-                            self.who_s(pid as u32),
-                            Self::space_s(rank, sp),
-                            s.start,
-                            s.end
-                        ),
+                    return Err(unready(
+                        s,
+                        format!(" which {staged} of the {writers} writers of its shared stage have staged"),
                     ));
                 }
             }
             for &(q, tq) in s.writer.iter().chain(&s.cowriters) {
                 if q as usize != pid && tq > vc[q as usize] {
-                    return Err(viol(
-                        Property::Readiness,
-                        format!(
-                            "{} reads {} [{}, {}) while the write by {} is not ordered before the read",
-                            self.who_s(pid as u32),
-                            Self::space_s(rank, sp),
-                            s.start,
-                            s.end,
-                            self.who_s(q)
-                        ),
+                    return Err(unready(
+                        s,
+                        format!(" while the write by {} is not ordered before the read", self.who_s(q)),
                     ));
                 }
             }
             if sp >= 2 && s.wcall != k + 1 {
                 let when =
                     if s.wcall == 0 { "never written".to_string() } else { format!("written in call {}", s.wcall - 1) };
-                return Err(viol(
-                    Property::Readiness,
-                    format!(
-                        "{} reads {} [{}, {}): stale data ({when})",
-                        self.who_s(pid as u32),
-                        Self::space_s(rank, sp),
-                        s.start,
-                        s.end
-                    ),
-                ));
+                return Err(unready(s, format!(": stale data ({when})")));
             }
             s.readers.retain(|(q, _)| *q as usize != pid);
             s.readers.push((pid as u32, t));
