@@ -540,6 +540,11 @@ mod tests {
                     _ => false,
                 });
                 assert!(shared, "{c:?} {side:?}: no shared stage");
+                for p in &plans {
+                    // The parameter block carries shares and ticket resets both ways.
+                    let (_, blocks) = crate::params::decode(&crate::params::encode(p)).expect("decode");
+                    assert_eq!(blocks, p.blocks, "{c:?} {side:?}: parameter round trip");
+                }
                 let r = verify(
                     &[plans.clone(), plans.clone(), plans],
                     &Options { max_states: 2_000_000, mode: Mode::Exhaustive, ..Options::default() },
