@@ -9,18 +9,22 @@
 //! (input, output, staging, window of every rank) is a set of interval maps whose segments
 //! carry a symbolic content ([`mem::Term`]: which input bytes of which rank and call, or a
 //! reduction of such, in combination order), the call that wrote it, the last writer and the
-//! readers since. Synchronization is modelled with vector clocks: a flag store (`Signal`, the
-//! notifications of the last `Arrive`) is a release, a satisfied `Wait` acquires from the
-//! *first* store in the flag's modification order whose value satisfies it (the weakest edge a
-//! real execution can get), an `Arrive` is an acq_rel read-modify-write, a packet read (and a
-//! handshake wait) synchronizes with the put it reads from, and a kernel synchronizes with
-//! the previous kernel of its rank (stream order). Data steps are atomic transitions whose
-//! accesses are checked against the clocks: a read not ordered after the last write, a write
-//! not ordered after every read since the previous write, or two unordered writes, are races
-//! whatever order the exploration happened to pick — so data steps (and satisfied waits,
-//! which are stable) are taken eagerly and only the order of the remaining synchronization
-//! steps is explored. That is the partial-order reduction; states are also cached by
-//! fingerprint (128 bits).
+//! readers since. A shared stage (`plan::Share`) is modelled as every writer of the round
+//! writing all of the lane's bytes: the writers of one round are co-writers, not races; a read
+//! must be ordered after each of them, and reading before all of them have staged is a
+//! readiness violation (the ticket decides which writer copies which byte, so only the round as
+//! a whole is known to be complete). Synchronization is modelled with vector clocks: a flag
+//! store (`Signal`, the notifications of the last `Arrive`) is a release, a satisfied `Wait`
+//! acquires from the *first* store in the flag's modification order whose value satisfies it
+//! (the weakest edge a real execution can get), an `Arrive` is an acq_rel read-modify-write, a
+//! packet read (and a handshake wait) synchronizes with the put it reads from, and a kernel
+//! synchronizes with the previous kernel of its rank (stream order). Data steps are atomic
+//! transitions whose accesses are checked against the clocks: a read not ordered after the last
+//! write, a write not ordered after every read since the previous write, or two unordered
+//! writes, are races whatever order the exploration happened to pick — so data steps (and
+//! satisfied waits, which are stable) are taken eagerly and only the order of the remaining
+//! synchronization steps is explored. That is the partial-order reduction; states are also
+//! cached by fingerprint (128 bits).
 //!
 //! A synchronization step is also taken eagerly when `{step}` is a persistent set: it
 //! commutes with everything the other processes can do *before* it ([`Reduction::Reach`]; the
