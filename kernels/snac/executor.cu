@@ -468,12 +468,6 @@ __device__ __forceinline__ bool block_failed() {
   return s_failure.code != 0;
 }
 
-// Record lines warmed at entry, and a word value to compare against (the compare keeps the
-// warming loads from being dropped; a match only writes a shared word nothing reads).
-constexpr u32 kPrefetchLines = 16;
-constexpr u64 kPrefetchNever = 0xfeedfacecafebeefull;
-__shared__ u64 s_prefetch_sink;
-
 __device__ void run_block(const u64* w, const Runtime* rt) {
   // 128-byte aligned: when the shared-stage bookkeeping grew the static shared variables by
   // 16 bytes, the Atom's pipeline buffers after them lost their 64-byte alignment and every
@@ -488,34 +482,20 @@ __device__ void run_block(const u64* w, const Runtime* rt) {
   }
   __shared__ u64 s_epoch;
   __shared__ int s_skip;
-  // The block's program position does not depend on the poison word or the epoch: every
-  // thread reads it before the barrier, so these dependent parameter reads overlap the two
-  // global loads below instead of following them.
-  const u64* entry = w + h->block_table + 3 * blockIdx.x;
-  u64 at = entry[1];
-  const u64 steps = entry[2];
-  const u64 world = h->world, rank = h->rank;
-  // Warp 1 touches one word in each of the first kPrefetchLines 64-byte lines of the block's
-  // records while thread 0 waits on global memory, so the interpreter's first dependent
-  // record reads hit the SM's constant cache instead of missing one line at a time.
-  if (t >= 32 && t < 32 + kPrefetchLines) {
-    const u64 i = at + 8 * (t - 32);
-    if (i < PURLIN_PARAM_WORDS && w[i] == kPrefetchNever) s_prefetch_sink = i;
-  }
   if (t == 0) {
-    // Both global loads are issued before either is used (one memory latency, not two).
-    const u64 poison = purlin::sync::load_poison(control);
-    const u64 epoch = ((const u64*)rt->epochs)[blockIdx.x];
     s_failure = Failure{0, 0, 0, 0};
     s_agreed = 0;
     s_trace_count = 0;
     // A poisoned communicator runs nothing (the rest of a captured graph exits at once).
-    s_skip = poison != 0 || h->magic != kParamMagic || h->version != kParamVersion;
-    s_epoch = epoch;
+    s_skip = purlin::sync::poisoned(control) || h->magic != kParamMagic || h->version != kParamVersion;
+    s_epoch = ((const u64*)rt->epochs)[blockIdx.x];
   }
   __syncthreads();
   if (s_skip) return;
-  Ctx x{w, rt, s_epoch, s_epoch & 1, world, rank, smem};
+  Ctx x{w, rt, s_epoch, s_epoch & 1, h->world, h->rank, smem};
+  const u64* entry = w + h->block_table + 3 * blockIdx.x;
+  u64 at = entry[1];
+  const u64 steps = entry[2];
   bool ok = true;
   for (u64 s = 0; s < steps && ok; ++s) {
     const u64 tag = w[at];

@@ -26,11 +26,8 @@ extern "C" __global__ void floor_entry(const __grid_constant__ BigParams p, cons
   __shared__ u64 s_epoch;
   __shared__ int s_skip;
   if (threadIdx.x == 0) {
-    // As the executor's entry: both loads issued before either is used.
-    const u64 poison = purlin::sync::load_poison(control);
-    const u64 epoch = epochs[blockIdx.x];
-    s_skip = poison != 0 || p.w[0] != 0;
-    s_epoch = epoch;
+    s_skip = purlin::sync::poisoned(control) || p.w[0] != 0;
+    s_epoch = epochs[blockIdx.x];
   }
   __syncthreads();
   if (s_skip) return;

@@ -188,8 +188,5 @@ __device__ __forceinline__ void poison_with(u64* control, u64 peer_plus_one, u64
 
 __device__ __forceinline__ bool poisoned(const u64* control) { return ld_relaxed_sys(control) != 0; }
 
-// The poison word itself (nonzero: poisoned), for an entry that issues it beside other loads.
-__device__ __forceinline__ u64 load_poison(const u64* control) { return ld_relaxed_sys(control); }
-
 }  // namespace sync
 }  // namespace purlin
