@@ -527,7 +527,8 @@ impl Plan {
     /// resets its ticket; exactly `writers` identical stages per ticket; tickets apart from
     /// every arrival counter; no reset without its shared stage.
     fn check_shares(&self) -> Result<(), String> {
-        let mut groups: Vec<(Index, &Step, u32)> = vec![];
+        // Per ticket: its share, the stage's guard, the stage itself and how many blocks run it.
+        let mut groups: Vec<(Share, Guard, &Step, u32)> = vec![];
         let mut resets: Vec<Index> = vec![];
         let mut counters: BTreeSet<u32> = BTreeSet::new();
         for (b, block) in self.blocks.iter().enumerate() {
@@ -553,31 +554,32 @@ impl Plan {
                             sh.writers, sh.ticket
                         ));
                     }
-                    match groups.iter_mut().find(|(tk, _, _)| *tk == sh.ticket) {
-                        Some((_, first, n)) if *first == t => *n += 1,
+                    match groups.iter_mut().find(|(g, ..)| g.ticket == sh.ticket) {
+                        Some((.., first, n)) if *first == t => *n += 1,
                         Some(_) => return Err(format!("ticket {} shared by stages that differ", sh.ticket)),
-                        None => groups.push((sh.ticket, t, 1)),
+                        None => groups.push((*sh, *guard, t, 1)),
                     }
                 }
             }
         }
-        for (ticket, step, n) in &groups {
-            let Step::Stage { share: Some(sh), guard, .. } = step else { continue };
+        let trips = self.max_trips().max(1);
+        for (sh, guard, _, n) in &groups {
+            let ticket = sh.ticket;
             if *n != sh.writers {
                 return Err(format!("ticket {ticket}: {n} blocks share a stage declared for {} writers", sh.writers));
             }
-            let tickets = idx_set(ticket, (guard.from, guard.until.min(self.max_trips().max(1))));
+            let tickets = idx_set(&ticket, (guard.from, guard.until.min(trips)));
             if let Some(i) = tickets.iter().find(|i| counters.contains(i)) {
                 return Err(format!("ticket word {i} is also an arrival counter"));
             }
-            for (other, ..) in groups.iter().filter(|(o, ..)| o != ticket) {
-                let o = idx_set(other, (0, self.max_trips().max(1)));
+            for (other, ..) in groups.iter().filter(|(o, ..)| o.ticket != ticket) {
+                let o = idx_set(&other.ticket, (0, trips));
                 if tickets.iter().any(|i| o.contains(i)) {
-                    return Err(format!("tickets {ticket} and {other} overlap"));
+                    return Err(format!("tickets {ticket} and {} overlap", other.ticket));
                 }
             }
         }
-        if let Some(t) = resets.iter().find(|t| !groups.iter().any(|(g, ..)| g == *t)) {
+        if let Some(t) = resets.iter().find(|t| !groups.iter().any(|(g, ..)| g.ticket == **t)) {
             return Err(format!("an arrival resets ticket {t}, which no shared stage uses"));
         }
         Ok(())
