@@ -23,9 +23,10 @@ fn main() -> Result<()> {
         "verify" => verify(rest),
         "gpu-round" => gpu_round(rest),
         "bench" => bench(rest),
+        "cubin" => cubin(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--out DIR] | bench [bench args]>"
+                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--out DIR] | bench [bench args] | cubin FILTER [DIR]>"
             );
             if cmd == "help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
         }
@@ -250,6 +251,26 @@ fn gpu_round(args: &[String]) -> Result<()> {
     println!("gpu-round ready: {} ({copied} test executables, {:.1} MiB)", out.display(), size as f64 / 1048576.0);
     if size > 60 << 20 {
         bail!("the round is {size} bytes: over the 64 MiB the device tool carries");
+    }
+    Ok(())
+}
+
+/// Compiles the runtime's sm_90 units whose names contain FILTER into DIR (default
+/// `target/cubin`), to read their SASS (`nvdisasm DIR/*.cubin`) without a GPU.
+fn cubin(args: &[String]) -> Result<()> {
+    let filter = args.first().context("usage: cargo xtask cubin FILTER [DIR]")?;
+    let dir = args.get(1).map_or_else(|| PathBuf::from("target/cubin"), PathBuf::from);
+    let nvrtc = ensure_nvrtc()?;
+    // SAFETY: set_var before any thread of this process reads the environment.
+    unsafe { std::env::set_var(purlin_atom::nvrtc::NVRTC_DIR_ENV, &nvrtc) };
+    let jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
+        .into_iter()
+        .filter(|unit| unit.name.contains(filter.as_str()))
+        .map(|unit| (unit, purlin_atom::Arch::SM90))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    for key in purlin_atom::KernelCache::new(&dir).get_or_compile_all(&jobs, threads)? {
+        println!("{}", dir.join(format!("{}.cubin", key.key)).display());
     }
     Ok(())
 }

@@ -174,7 +174,9 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
     let cap = (limits.max_coresident_blocks / 4).max(1);
     let mut blocks = tuning.blocks_per_role.clamp(1, cap);
     if regime == Regime::Latency {
-        blocks = tuning.latency_max_blocks.unwrap_or(blocks).clamp(1, cap);
+        // One role, plus as many blocks again at most for a gather's own part.
+        let latency_cap = (limits.max_coresident_blocks / 2).max(1);
+        blocks = tuning.latency_max_blocks.unwrap_or(blocks).clamp(1, latency_cap);
         if tuning.latency_block_bytes > 0 {
             let wanted = band_bytes(spec).div_ceil(tuning.latency_block_bytes).max(1);
             blocks = blocks.min(u32::try_from(wanted).unwrap_or(u32::MAX));
@@ -312,6 +314,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The latency regime has one role (plus a gather's own-part blocks), so it may use half
+    /// the co-resident blocks; the quarter the throughput regime's roles share held a 1 MiB
+    /// AllReduce on H200 (132 co-resident blocks) to 33 blocks.
+    #[test]
+    fn latency_calls_may_use_half_the_coresident_blocks() {
+        let limits = PlanLimits { max_coresident_blocks: 132, ..limits() };
+        let spec = CollectiveSpec::all_reduce(2, DataType::Bf16, ReduceOp::Sum, 512 << 10);
+        let cfg = plan_config(&spec, false, &Tuning::default(), &limits);
+        assert_eq!((cfg.regime, cfg.blocks_per_role), (Regime::Latency, 64));
+        let many = Tuning { latency_max_blocks: Some(1000), ..Tuning::default() };
+        assert_eq!(plan_config(&spec, false, &many, &limits).blocks_per_role, 66);
+        let staged = Tuning { regime: Some(Regime::Throughput), blocks_per_role: 1000, ..Tuning::default() };
+        assert_eq!(plan_config(&spec, false, &staged, &limits).blocks_per_role, 33);
     }
 
     #[test]

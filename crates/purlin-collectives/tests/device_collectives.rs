@@ -226,16 +226,25 @@ fn every_collective_matches_the_reference_on_gpus() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut total_cases = 0;
     let mut total_wrong = 0;
-    for (label, regime, side) in [
-        ("auto/push", None, StagingSide::Peer),
-        ("latency", Some(Regime::Latency), StagingSide::Peer),
-        ("throughput/push", Some(Regime::Throughput), StagingSide::Peer),
-        ("throughput/pull", Some(Regime::Throughput), StagingSide::Own),
+    for (label, regime, side, latency_blocks) in [
+        ("auto/push", None, StagingSide::Peer, None),
+        ("latency", Some(Regime::Latency), StagingSide::Peer, None),
+        // One packet block: each thread runs many batches of packets, the last one partial.
+        ("latency/1 block", Some(Regime::Latency), StagingSide::Peer, Some(1)),
+        ("throughput/push", Some(Regime::Throughput), StagingSide::Peer, None),
+        ("throughput/pull", Some(Regime::Throughput), StagingSide::Own, None),
     ] {
-        let comms = Comm::from_devices_with_config(g.streams.clone(), config(regime, side)).expect("set-up");
+        let mut cfg = config(regime, side);
+        if latency_blocks.is_some() {
+            cfg.tuning.latency_max_blocks = latency_blocks;
+        }
+        let comms = Comm::from_devices_with_config(g.streams.clone(), cfg).expect("set-up");
         let (mut cases, mut wrong) = (0, 0);
-        let sizes: &[usize] =
-            if regime == Some(Regime::Latency) { &[1, 7, 1000, 4099] } else { &[1, 33, 4099, 300_001] };
+        let sizes: &[usize] = match (regime, latency_blocks) {
+            (Some(Regime::Latency), None) => &[1, 7, 1000, 4099],
+            (Some(Regime::Latency), Some(_)) => &[7, 4099, 100_003],
+            _ => &[1, 33, 4099, 300_001],
+        };
         sweep::<f32>(&comms, sizes, &mut rng, &mut cases, &mut wrong);
         sweep::<half::bf16>(&comms, sizes, &mut rng, &mut cases, &mut wrong);
         sweep::<i32>(&comms, &sizes[..3], &mut rng, &mut cases, &mut wrong);
