@@ -268,6 +268,9 @@ fn cubin(args: &[String]) -> Result<()> {
         .filter(|unit| unit.name.contains(filter.as_str()))
         .map(|unit| (unit, purlin_atom::Arch::SM90))
         .collect();
+    if jobs.is_empty() {
+        bail!("no runtime unit's name contains {filter:?}");
+    }
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     for key in purlin_atom::KernelCache::new(&dir).get_or_compile_all(&jobs, threads)? {
         println!("{}", dir.join(format!("{}.cubin", key.key)).display());
