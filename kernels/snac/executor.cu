@@ -6,8 +6,8 @@
 //
 // Compile-time part (the kernel key, as -D options): PURLIN_T (an Atom element type),
 // PURLIN_OP (an Atom reduce operator), PURLIN_AVG (sum then divide by world),
-// PURLIN_PACKET (8 or 16 bytes per packet) and PURLIN_PARAM_WORDS (capacity of the
-// parameter block). Everything else is run time.
+// PURLIN_PACKET (8 or 16 bytes per packet), PURLIN_PARAM_WORDS and PURLIN_SMALL_PARAM_WORDS
+// (capacities of the parameter block of the two entry points). Everything else is run time.
 #include "atom.cuh"
 #include "params.cuh"
 #include "sync.cuh"
@@ -25,7 +25,10 @@
 #define PURLIN_PACKET 8
 #endif
 #ifndef PURLIN_PARAM_WORDS
-#define PURLIN_PARAM_WORDS 512
+#define PURLIN_PARAM_WORDS 3968
+#endif
+#ifndef PURLIN_SMALL_PARAM_WORDS
+#define PURLIN_SMALL_PARAM_WORDS 512
 #endif
 
 namespace purlin {
@@ -468,7 +471,9 @@ __device__ __forceinline__ bool block_failed() {
   return s_failure.code != 0;
 }
 
-__device__ void run_block(const u64* w, const Runtime* rt) {
+// Inlined into both entry points (a shared out-of-line interpreter made every call slower,
+// round 8).
+__device__ __forceinline__ void run_block(const u64* w, const Runtime* rt) {
   // 128-byte aligned: when the shared-stage bookkeeping grew the static shared variables by
   // 16 bytes, the Atom's pipeline buffers after them lost their 64-byte alignment and every
   // copy and reduce got 10-20% slower (2-32 MiB calls, rounds 30-33, PERFORMANCE.md).
@@ -551,5 +556,13 @@ __device__ void run_block(const u64* w, const Runtime* rt) {
 extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
     purlin_snac_exec(const __grid_constant__ purlin::snac::Runtime rt,
                      const __grid_constant__ purlin::snac::ParamBlock<PURLIN_PARAM_WORDS> params) {
+  purlin::snac::run_block(params.w, &rt);
+}
+
+// The same executor for plans of at most PURLIN_SMALL_PARAM_WORDS words: an eager launch
+// uploads its whole parameter block, and the large one cost 2.4 us per launch (round 49).
+extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
+    purlin_snac_exec_small(const __grid_constant__ purlin::snac::Runtime rt,
+                           const __grid_constant__ purlin::snac::ParamBlock<PURLIN_SMALL_PARAM_WORDS> params) {
   purlin::snac::run_block(params.w, &rt);
 }

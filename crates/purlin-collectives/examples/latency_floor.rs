@@ -259,6 +259,33 @@ fn measure(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64> {
     Ok(median(times))
 }
 
+/// Per-call microseconds of `kernel` launched eagerly (no graph) CALLS times on every rank
+/// of this process, then synchronized: what a launch costs the host and the upload of its
+/// parameters, which a graph replay does not pay.
+fn measure_eager(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64> {
+    let big = Box::new(BigParams { w: [0; PARAM_WORDS] });
+    let run = |ranks: &mut [Rank]| -> Result<f64> {
+        if let [r] = &ranks[..] {
+            r.comm.host().barrier("latency_floor eager")?;
+        }
+        let t0 = Instant::now();
+        for _ in 0..CALLS {
+            for r in ranks.iter_mut() {
+                r.comm.context().bind_to_thread()?;
+                r.launch(kernel, shape, &big)?;
+            }
+        }
+        for r in ranks.iter() {
+            r.stream.synchronize()?;
+            r.comm.async_error()?;
+        }
+        Ok(t0.elapsed().as_secs_f64() * 1e6 / CALLS as f64)
+    };
+    run(ranks)?; // warm-up
+    let times = (0..REPLAYS).map(|_| run(ranks)).collect::<Result<Vec<_>>>()?;
+    Ok(median(times))
+}
+
 fn check(ranks: &[Rank]) -> Result<usize> {
     let world = ranks[0].comm.world_size() as u64;
     let mut wrong = 0;
@@ -324,6 +351,17 @@ fn main() -> Result<()> {
         );
         results.push((name, us));
     }
+    // Eager launches: the executor's 31 KiB parameter block against an 8-byte one, same shape.
+    for (name, kernel, shape) in [
+        ("eager-empty", Kernel::Empty, Shape { threads: 512, ..small }),
+        ("eager-empty-big", Kernel::EmptyBig, Shape { threads: 512, ..small }),
+        ("eager-empty-big-coop", Kernel::EmptyBig, exec),
+        ("eager-purlin", Kernel::AllReduce, exec),
+    ] {
+        let us = measure_eager(&mut ranks, kernel, shape).with_context(|| format!("row {name}"))?;
+        println!("FLOOR rank {first} {name:<20} {us:7.3} us  (eager, {} ranks in this process)", ranks.len());
+        results.push((name, us));
+    }
     let wrong = check(&ranks)?;
     // The same run's ping-pong through this workspace (lower rank initiates).
     let rtt = if ranks.len() == 2 {
@@ -345,7 +383,7 @@ fn main() -> Result<()> {
     };
     let get = |n: &str| results.iter().find(|(k, _)| *k == n).map_or(f64::NAN, |(_, v)| *v);
     println!(
-        "FLOOR-SUMMARY {mode} rank {first}: ping-pong {rtt:.2} us -> gate {:.2} us; purlin {:.2}; least exchange {:.2} (exec shape {:.2}); empty graph kernel {:.2} (exec shape {:.2}); entry+exit {:.2}; param chain x8 {:.2}; prefetch ldc {:.2} generic {:.2}; wrong {wrong}",
+        "FLOOR-SUMMARY {mode} rank {first}: ping-pong {rtt:.2} us -> gate {:.2} us; purlin {:.2}; least exchange {:.2} (exec shape {:.2}); empty graph kernel {:.2} (exec shape {:.2}); entry+exit {:.2}; param chain x8 {:.2}; prefetch ldc {:.2} generic {:.2}; eager: empty {:.2}, 31 KiB params {:.2} (coop {:.2}), purlin {:.2}; wrong {wrong}",
         rtt / 2.0 + 2.5,
         get("purlin"),
         get("exchange-min"),
@@ -356,6 +394,10 @@ fn main() -> Result<()> {
         get("chain8"),
         get("prefetch-ldc"),
         get("prefetch-generic"),
+        get("eager-empty"),
+        get("eager-empty-big"),
+        get("eager-empty-big-coop"),
+        get("eager-purlin"),
     );
     if wrong > 0 {
         bail!("{wrong} wrong results");

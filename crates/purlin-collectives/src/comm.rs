@@ -1159,7 +1159,7 @@ impl Drop for Comm {
 #[derive(Debug)]
 pub(crate) struct PreparedPlan {
     pub(crate) plan: Plan,
-    params: Box<ExecParams>,
+    params: ExecParams,
 }
 
 /// What a prepared plan depends on besides the communicator: the spec and in-place-ness.

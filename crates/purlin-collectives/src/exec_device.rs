@@ -17,7 +17,9 @@ use purlin_snac::{PacketFormat, Plan, ReduceOp};
 
 use crate::error::{Error, driver};
 use crate::host_exec::atom_dtype;
-use crate::kernels::{EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, ExecKey, ExecOp, executor_keys, packet_bytes_for};
+use crate::kernels::{
+    EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, EXEC_SMALL_PARAM_WORDS, ExecKey, ExecOp, executor_keys, packet_bytes_for,
+};
 
 /// Ranks the executor's `Runtime` has room for.
 pub const MAX_WORLD: usize = 16;
@@ -56,30 +58,56 @@ const _: () = assert!(std::mem::size_of::<ExecRuntime>() == EXEC_RUNTIME_BYTES);
 // `Runtime` parameter field for field (size checked above, offsets by the order).
 unsafe impl DeviceRepr for ExecRuntime {}
 
-/// The parameter block, passed by value (`ParamBlock<PURLIN_PARAM_WORDS>`).
+/// A parameter block of `N` words, passed by value (the kernel's `ParamBlock<N>`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct ExecParams {
+pub struct ParamWords<const N: usize> {
     /// The plan's words (purlin_snac::params), zero-padded.
-    pub words: [u64; EXEC_PARAM_WORDS],
+    pub words: [u64; N],
 }
 
-// SAFETY: a #[repr(C)] array of u64s, the layout of the kernel's `ParamBlock`.
-unsafe impl DeviceRepr for ExecParams {}
+// SAFETY: a #[repr(C)] array of u64s, the layout of the kernel's `ParamBlock<N>`.
+unsafe impl<const N: usize> DeviceRepr for ParamWords<N> {}
+
+impl<const N: usize> ParamWords<N> {
+    fn boxed(words: &[u64]) -> Box<Self> {
+        let mut p = Box::new(Self { words: [0; N] });
+        p.words[..words.len()].copy_from_slice(words);
+        p
+    }
+}
+
+/// A plan's parameter block, in the smaller of the executor's two entry points that holds
+/// it: every eager launch uploads the whole block (`EXEC_SMALL_PARAM_WORDS`).
+#[derive(Debug, Clone)]
+pub enum ExecParams {
+    /// For `purlin_snac_exec_small`.
+    Small(Box<ParamWords<EXEC_SMALL_PARAM_WORDS>>),
+    /// For `purlin_snac_exec`.
+    Full(Box<ParamWords<EXEC_PARAM_WORDS>>),
+}
 
 impl ExecParams {
-    /// The block for `words`; a plan longer than the block is unsupported.
-    pub fn new(words: &[u64]) -> Result<Box<Self>, Error> {
-        if words.len() > EXEC_PARAM_WORDS {
-            return Err(Error::Unsupported(format!(
+    /// The block for `words`; a plan longer than the largest block is unsupported.
+    pub fn new(words: &[u64]) -> Result<Self, Error> {
+        if words.len() <= EXEC_SMALL_PARAM_WORDS {
+            Ok(Self::Small(ParamWords::boxed(words)))
+        } else if words.len() <= EXEC_PARAM_WORDS {
+            Ok(Self::Full(ParamWords::boxed(words)))
+        } else {
+            Err(Error::Unsupported(format!(
                 "a plan of {} parameter words (the executor takes {EXEC_PARAM_WORDS})",
                 words.len()
-            )));
+            )))
         }
-        let mut p = Box::new(ExecParams { words: [0; EXEC_PARAM_WORDS] });
-        p.words[..words.len()].copy_from_slice(words);
-        Ok(p)
     }
+}
+
+/// One executor key's two entry points (same module, same code).
+#[derive(Debug)]
+struct EntryPoints {
+    full: CudaFunction,
+    small: CudaFunction,
 }
 
 /// The executor kernels of one GPU.
@@ -87,7 +115,7 @@ impl ExecParams {
 pub struct DeviceExecutor {
     atom: AtomSpec,
     packet: PacketFormat,
-    functions: HashMap<ExecKey, CudaFunction>,
+    functions: HashMap<ExecKey, EntryPoints>,
     _modules: Vec<Arc<CudaModule>>,
     coresident_local: u32,
 }
@@ -124,18 +152,24 @@ impl DeviceExecutor {
         let mut bound = u32::MAX;
         for (key, kernel) in keys.iter().zip(compiled) {
             let module = ctx.load_module(Ptx::from_binary(kernel.cubin)).map_err(driver("cuModuleLoadData"))?;
-            let function = module.load_function("purlin_snac_exec").map_err(driver("cuModuleGetFunction"))?;
             let smem = atom.smem_bytes() as usize;
-            if smem > 48 << 10 {
-                function
-                    .set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem as i32,
-                    )
-                    .map_err(driver("cuFuncSetAttribute"))?;
+            let entry = |name: &str| -> Result<CudaFunction, Error> {
+                let function = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
+                if smem > 48 << 10 {
+                    function
+                        .set_attribute(
+                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            smem as i32,
+                        )
+                        .map_err(driver("cuFuncSetAttribute"))?;
+                }
+                Ok(function)
+            };
+            let entries = EntryPoints { full: entry("purlin_snac_exec")?, small: entry("purlin_snac_exec_small")? };
+            for function in [&entries.full, &entries.small] {
+                bound = bound.min(crate::device::max_coresident_blocks(function, atom.threads(), smem, sm_count)?);
             }
-            bound = bound.min(crate::device::max_coresident_blocks(&function, atom.threads(), smem, sm_count)?);
-            functions.insert(*key, function);
+            functions.insert(*key, entries);
             modules.push(module);
         }
         let packet = if packet_bytes_for(generation) == 16 { PacketFormat::B16 } else { PacketFormat::B8 };
@@ -157,8 +191,8 @@ impl DeviceExecutor {
         self.coresident_local
     }
 
-    /// The kernel for a plan's dtype and op; a typed error where the Atom lacks the dtype.
-    pub fn function_for(&self, plan: &Plan) -> Result<&CudaFunction, Error> {
+    /// The kernels for a plan's dtype and op; a typed error where the Atom lacks the dtype.
+    fn entries_for(&self, plan: &Plan) -> Result<&EntryPoints, Error> {
         let op = exec_op(plan.spec.op);
         let dtype = match (op, atom_dtype(plan.spec.dtype)) {
             (ExecOp::Copy, _) => DType::U32,
@@ -178,7 +212,7 @@ impl DeviceExecutor {
     /// Checks that a kernel exists for the plan's dtype and op (a typed error where the Atom
     /// lacks the dtype).
     pub fn check_supported(&self, plan: &Plan) -> Result<(), Error> {
-        self.function_for(plan).map(|_| ())
+        self.entries_for(plan).map(|_| ())
     }
 
     /// Launches `plan` (whose parameter words are `params`) on `stream`.
@@ -198,20 +232,57 @@ impl DeviceExecutor {
         if grid == 0 {
             return Ok(()); // an empty call: nothing moves, nothing advances (on every rank)
         }
-        let function = self.function_for(plan)?;
+        let entries = self.entries_for(plan)?;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (self.atom.threads(), 1, 1),
             shared_mem_bytes: self.atom.smem_bytes(),
         };
-        let mut launch = stream.launch_builder(function);
-        launch.arg(rt).arg(params);
-        // SAFETY: the kernel's parameters are (Runtime, ParamBlock<EXEC_PARAM_WORDS>), which
-        // ExecRuntime and ExecParams mirror; the caller guarantees the addresses in `rt`; the
+        let mut launch = match params {
+            ExecParams::Small(words) => {
+                let mut l = stream.launch_builder(&entries.small);
+                l.arg(rt).arg(&**words);
+                l
+            }
+            ExecParams::Full(words) => {
+                let mut l = stream.launch_builder(&entries.full);
+                l.arg(rt).arg(&**words);
+                l
+            }
+        };
+        // SAFETY: each entry point's parameters are (Runtime, ParamBlock<N>), which
+        // ExecRuntime and the ParamWords<N> of its variant mirror (N = EXEC_SMALL_PARAM_WORDS
+        // for purlin_snac_exec_small, EXEC_PARAM_WORDS for purlin_snac_exec, the -D options
+        // both are compiled with); the caller guarantees the addresses in `rt`; the
         // grid is within the co-residency bound the plan was derived under, and the
         // cooperative launch refuses a grid that cannot be co-resident instead of hanging;
         // every device wait is bounded by rt.timeout_ns.
         unsafe { launch.launch_cooperative(cfg) }.map_err(driver("cuLaunchCooperativeKernel"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plan goes to the smallest entry point that holds it; one too long for both is a
+    /// typed error, not a truncation.
+    #[test]
+    fn a_plan_takes_the_smallest_parameter_block_that_holds_it() {
+        let words: Vec<u64> = (1..=EXEC_PARAM_WORDS as u64).collect();
+        match ExecParams::new(&words[..EXEC_SMALL_PARAM_WORDS]) {
+            Ok(ExecParams::Small(p)) => assert_eq!(&p.words[..], &words[..EXEC_SMALL_PARAM_WORDS]),
+            other => panic!("{other:?}"),
+        }
+        match ExecParams::new(&words[..EXEC_SMALL_PARAM_WORDS + 1]) {
+            Ok(ExecParams::Full(p)) => {
+                assert_eq!(&p.words[..EXEC_SMALL_PARAM_WORDS + 1], &words[..EXEC_SMALL_PARAM_WORDS + 1]);
+                assert!(p.words[EXEC_SMALL_PARAM_WORDS + 1..].iter().all(|&w| w == 0));
+            }
+            other => panic!("{other:?}"),
+        }
+        let too_long = [0u64; EXEC_PARAM_WORDS + 1];
+        assert!(matches!(ExecParams::new(&too_long), Err(Error::Unsupported(_))));
     }
 }

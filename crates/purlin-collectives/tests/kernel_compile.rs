@@ -32,6 +32,12 @@ fn every_runtime_unit_compiles_to_cubin() {
         assert!(!k.from_cache, "{} came from a cache", unit.name);
         // An ELF image: CUBIN, not PTX.
         assert_eq!(&k.cubin[..4], b"\x7fELF", "{} for {arch} is not a CUBIN", unit.name);
+        if unit.name.starts_with("purlin_exec_") {
+            // Both entry points the launcher looks up (exec_device.rs), by symbol name.
+            for entry in [&b"purlin_snac_exec\0"[..], &b"purlin_snac_exec_small\0"[..]] {
+                assert!(k.cubin.windows(entry.len()).any(|w| w == entry), "{} lacks an entry point", unit.name);
+            }
+        }
     }
     println!("{} translation units compiled", jobs.len());
 }
