@@ -20,6 +20,9 @@
 //! - `exchange-min`: the least one-shot 8-byte AllReduce (one 16-byte packet each way, one
 //!   thread), smallest launch; `exchange-exec-shape`: the same in the executor's shape;
 //! - `purlin`: the real `Comm::all_reduce` of 8 bytes (f32 sum);
+//! - eager rows (`CALLS` launches back to back, no graph, then one synchronize): an empty
+//!   kernel with an 8-byte parameter, with the 31 KiB block (plain and cooperative), and the
+//!   real AllReduce — what an eager launch pays for its parameter block;
 //! - the flag ping-pong round trip through the same workspace.
 //!
 //! Every exchange and AllReduce result is checked. Lines start with `FLOOR`.
