@@ -208,8 +208,6 @@ fn gpu_round(args: &[String]) -> Result<()> {
 
     // The sm_90 kernel cache, compiled here so the GPU machine loads CUBINs at once.
     let cache = purlin_atom::KernelCache::new(out.join("kernel-cache"));
-    // SAFETY: set_var before any thread of this process reads the environment.
-    unsafe { std::env::set_var(purlin_atom::nvrtc::NVRTC_DIR_ENV, &nvrtc) };
     let mut jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
         .into_iter()
         .map(|unit| (unit, purlin_atom::Arch::SM90))
@@ -227,8 +225,7 @@ fn gpu_round(args: &[String]) -> Result<()> {
             jobs.push((unit, purlin_atom::Arch::SM90));
         }
     }
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let compiled = cache.get_or_compile_all(&jobs, threads)?;
+    let compiled = compile_all(&cache, &nvrtc, &jobs)?;
     // CUBINs of earlier sources stay valid under their keys but would only fill the round.
     let keep: std::collections::HashSet<String> = compiled.iter().map(|k| format!("{}.cubin", k.key)).collect();
     for entry in std::fs::read_dir(cache.dir())? {
@@ -260,9 +257,6 @@ fn gpu_round(args: &[String]) -> Result<()> {
 fn cubin(args: &[String]) -> Result<()> {
     let filter = args.first().context("usage: cargo xtask cubin FILTER [DIR]")?;
     let dir = args.get(1).map_or_else(|| PathBuf::from("target/cubin"), PathBuf::from);
-    let nvrtc = ensure_nvrtc()?;
-    // SAFETY: set_var before any thread of this process reads the environment.
-    unsafe { std::env::set_var(purlin_atom::nvrtc::NVRTC_DIR_ENV, &nvrtc) };
     let jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
         .into_iter()
         .filter(|unit| unit.name.contains(filter.as_str()))
@@ -271,11 +265,23 @@ fn cubin(args: &[String]) -> Result<()> {
     if jobs.is_empty() {
         bail!("no runtime unit's name contains {filter:?}");
     }
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    for key in purlin_atom::KernelCache::new(&dir).get_or_compile_all(&jobs, threads)? {
+    for key in compile_all(&purlin_atom::KernelCache::new(&dir), &ensure_nvrtc()?, &jobs)? {
         println!("{}", dir.join(format!("{}.cubin", key.key)).display());
     }
     Ok(())
+}
+
+/// Compiles `jobs` into `cache` with the NVRTC in `nvrtc`, one job per core.
+fn compile_all(
+    cache: &purlin_atom::KernelCache,
+    nvrtc: &Path,
+    jobs: &[(purlin_atom::TranslationUnit, purlin_atom::Arch)],
+) -> Result<Vec<purlin_atom::CompiledKernel>> {
+    // SAFETY: set_var before any thread of this process reads the environment (xtask runs
+    // cargo as child processes; the compile threads start below).
+    unsafe { std::env::set_var(purlin_atom::nvrtc::NVRTC_DIR_ENV, nvrtc) };
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    Ok(cache.get_or_compile_all(jobs, threads)?)
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {

@@ -223,6 +223,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// One warm-up run of `run`, then the median of `REPLAYS` runs (each returns µs per call).
+fn median_of_runs(mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
+    run()?;
+    Ok(median((0..REPLAYS).map(|_| run()).collect::<Result<Vec<_>>>()?))
+}
+
 /// Per-call microseconds of `kernel` on every rank of this process, graph-replayed.
 fn measure(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64> {
     let mut big = Box::new(BigParams { w: [0; PARAM_WORDS] });
@@ -257,9 +263,7 @@ fn measure(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64> {
         }
         Ok(t0.elapsed().as_secs_f64() * 1e6 / CALLS as f64)
     };
-    replay(ranks, &graphs)?; // warm-up
-    let times = (0..REPLAYS).map(|_| replay(ranks, &graphs)).collect::<Result<Vec<_>>>()?;
-    Ok(median(times))
+    median_of_runs(|| replay(ranks, &graphs))
 }
 
 /// Per-call microseconds of `kernel` launched eagerly (no graph) CALLS times on every rank
@@ -267,7 +271,7 @@ fn measure(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64> {
 /// parameters, which a graph replay does not pay.
 fn measure_eager(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64> {
     let big = Box::new(BigParams { w: [0; PARAM_WORDS] });
-    let run = |ranks: &mut [Rank]| -> Result<f64> {
+    median_of_runs(|| {
         if let [r] = &ranks[..] {
             r.comm.host().barrier("latency_floor eager")?;
         }
@@ -283,10 +287,7 @@ fn measure_eager(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64
             r.comm.async_error()?;
         }
         Ok(t0.elapsed().as_secs_f64() * 1e6 / CALLS as f64)
-    };
-    run(ranks)?; // warm-up
-    let times = (0..REPLAYS).map(|_| run(ranks)).collect::<Result<Vec<_>>>()?;
-    Ok(median(times))
+    })
 }
 
 fn check(ranks: &[Rank]) -> Result<usize> {
