@@ -1,7 +1,8 @@
 // The CUDA side of SNAC's run-time parameter block (crates/purlin-snac/src/params.rs,
-// layout version 2): a header of u64 fields, a block table (role, first record, steps) and
-// the step records. A CI test compiles this header together with static_asserts generated
-// from the Rust side's field offsets (purlin_snac::params::c_header), so the two cannot drift.
+// layout version 3): a header of u64 fields, a block table (role | shape << 32, first
+// record, steps) and the step records. A CI test compiles this header together with
+// static_asserts generated from the Rust side's field offsets (purlin_snac::params::c_header),
+// so the two cannot drift.
 #pragma once
 
 namespace purlin {
@@ -32,7 +33,7 @@ struct ParamHeader {
 };
 
 constexpr u64 kParamMagic = 0x3152415043414e53ull;  // "SNACPAR1", little-endian
-constexpr u64 kParamVersion = 2;
+constexpr u64 kParamVersion = 3;
 
 // Opcodes of step records.
 enum Op : unsigned int {

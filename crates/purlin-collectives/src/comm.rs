@@ -441,7 +441,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         let smoke = load(&crate::kernels::smoke_unit(), "purlin_smoke_pingpong", 32, 0)?;
         let generation = purlin_atom::Generation::choose(arch, None)
             .map_err(|e| Error::Unsupported(format!("no Atom for this GPU: {e}")))?;
-        let exec = DeviceExecutor::load(&ctx, &cache, arch, generation, device.sm_count)?;
+        let exec = DeviceExecutor::load(&ctx, &cache, arch, generation, device.sm_count, world as u32)?;
         let extra = config
             .kernels
             .iter()
@@ -1021,7 +1021,7 @@ impl Comm {
         let plan = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
         self.layout.check_resources(&plan.resources)?;
         self.exec.check_supported(&plan)?;
-        let params = ExecParams::new(&purlin_snac::params::encode(&plan))?;
+        let params = self.exec.params(&plan)?;
         let prepared = Arc::new(PreparedPlan { plan, params });
         self.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(key, prepared.clone());
         Ok(prepared)

@@ -25,7 +25,6 @@ use purlin_snac::{CollectiveSpec, Plan, Step};
 
 use crate::comm::{Comm, NcclType};
 use crate::error::{Error, driver};
-use crate::exec_device::ExecParams;
 use crate::host_exec::TraceEntry;
 
 /// The opcode of a chunk loop record (`purlin_snac::params`, module docs).
@@ -193,7 +192,7 @@ impl Comm {
         self.check_device(output)?;
         self.exec.check_supported(plan)?;
         let words = purlin_snac::params::encode(plan);
-        let params = ExecParams::new(&words)?;
+        let params = self.exec.params(plan)?;
         let steps = step_offsets(plan, &words)?;
         let most = trace_entries_per_block(plan).into_iter().max().unwrap_or(0);
         let capacity = usize::try_from(most.saturating_add(1)).unwrap_or(usize::MAX);

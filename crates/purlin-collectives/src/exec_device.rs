@@ -18,7 +18,8 @@ use purlin_snac::{PacketFormat, Plan, ReduceOp};
 use crate::error::{Error, driver};
 use crate::host_exec::atom_dtype;
 use crate::kernels::{
-    EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, EXEC_SMALL_PARAM_WORDS, ExecKey, ExecOp, executor_keys, packet_bytes_for,
+    EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, EXEC_SMALL_PARAM_WORDS, ExecKey, ExecOp, ShapedKey, executor_keys,
+    packet_bytes_for,
 };
 
 /// Ranks the executor's `Runtime` has room for.
@@ -78,16 +79,16 @@ impl<const N: usize> ParamWords<N> {
 }
 
 /// A plan's parameter block, in the smaller of the executor's two entry points that holds
-/// it: every eager launch uploads the whole block (`EXEC_SMALL_PARAM_WORDS`).
+/// it: every eager launch uploads its whole parameter block (`EXEC_SMALL_PARAM_WORDS`).
 #[derive(Debug, Clone)]
-pub enum ExecParams {
-    /// For `purlin_snac_exec_small`.
+pub enum ParamBlock {
+    /// For the `_small` entry points.
     Small(Box<ParamWords<EXEC_SMALL_PARAM_WORDS>>),
-    /// For `purlin_snac_exec`.
+    /// For the full-size entry points.
     Full(Box<ParamWords<EXEC_PARAM_WORDS>>),
 }
 
-impl ExecParams {
+impl ParamBlock {
     /// The block for `words`; a plan longer than the largest block is unsupported.
     pub fn new(words: &[u64]) -> Result<Self, Error> {
         if words.len() <= EXEC_SMALL_PARAM_WORDS {
@@ -103,11 +104,69 @@ impl ExecParams {
     }
 }
 
-/// One executor key's two entry points (same module, same code).
+/// A plan made ready to launch ([`DeviceExecutor::params`]): its parameter block and
+/// whether the shaped executor runs it.
+#[derive(Debug)]
+pub struct ExecParams {
+    block: ParamBlock,
+    shaped: bool,
+}
+
+impl ExecParams {
+    /// Whether launches of this plan run on the shaped executor.
+    pub fn is_shaped(&self) -> bool {
+        self.shaped
+    }
+}
+
+/// One module's two entry points (same code; full-size and small parameter blocks).
 #[derive(Debug)]
 struct EntryPoints {
     full: CudaFunction,
     small: CudaFunction,
+    _module: Arc<CudaModule>,
+}
+
+impl EntryPoints {
+    /// Loads `full` and `small` from `module`, letting each use `smem` bytes of dynamic shared
+    /// memory; returns them with the lower of their co-residency bounds.
+    fn load(
+        module: Arc<CudaModule>,
+        full: &str,
+        small: &str,
+        atom: AtomSpec,
+        smem: u32,
+        sm_count: u32,
+    ) -> Result<(Self, u32), Error> {
+        let entry = |name: &str| -> Result<CudaFunction, Error> {
+            let function = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
+            if smem > 48 << 10 {
+                function
+                    .set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .map_err(driver("cuFuncSetAttribute"))?;
+            }
+            Ok(function)
+        };
+        let entries = EntryPoints { full: entry(full)?, small: entry(small)?, _module: module };
+        let mut bound = u32::MAX;
+        for function in [&entries.full, &entries.small] {
+            bound = bound.min(crate::device::max_coresident_blocks(function, atom.threads(), smem as usize, sm_count)?);
+        }
+        Ok((entries, bound))
+    }
+}
+
+/// Environment variable that turns the shaped executor off (`0`): every plan is interpreted.
+pub const SHAPED_ENV: &str = "PURLIN_SHAPED";
+
+/// A shaped kernel and the block shapes it runs.
+#[derive(Debug)]
+struct Shaped {
+    key: ShapedKey,
+    entries: EntryPoints,
 }
 
 /// The executor kernels of one GPU.
@@ -116,7 +175,8 @@ pub struct DeviceExecutor {
     atom: AtomSpec,
     packet: PacketFormat,
     functions: HashMap<ExecKey, EntryPoints>,
-    _modules: Vec<Arc<CudaModule>>,
+    /// The shaped executor per datapath key (none where `PURLIN_SHAPED=0`).
+    shaped: HashMap<ExecKey, Shaped>,
     coresident_local: u32,
 }
 
@@ -132,48 +192,64 @@ fn exec_op(op: Option<ReduceOp>) -> ExecOp {
 }
 
 impl DeviceExecutor {
-    /// Compiles (through `cache`) and loads every executor key for `generation` on `ctx`,
-    /// and computes this GPU's co-residency bound for them (occupancy × SMs, the minimum
-    /// over the keys).
+    /// Compiles (through `cache`) and loads every executor key for `generation` on `ctx` —
+    /// the interpreter and, unless `PURLIN_SHAPED=0`, the shaped executor with the block
+    /// shapes of `world` ([`crate::kernels::shape_catalog`]) — and computes this GPU's
+    /// co-residency bound for the interpreter (occupancy × SMs, the minimum over the keys).
+    ///
+    /// Every module loads here, at set-up: loading one may synchronize the GPU, which must
+    /// never happen while a kernel of a call waits for a peer whose launch this thread has yet
+    /// to make (round 51: a shaped kernel loaded at its first launch hung a one-process
+    /// AllGather queued behind an AllReduce).
     pub fn load(
         ctx: &Arc<CudaContext>,
         cache: &KernelCache,
         arch: Arch,
         generation: Generation,
         sm_count: u32,
+        world: u32,
     ) -> Result<Self, Error> {
         let atom = AtomSpec::new(generation);
         let keys = executor_keys(atom);
-        let jobs: Vec<_> = keys.iter().map(|k| (k.unit(), arch)).collect();
+        let shaped_keys: Vec<ShapedKey> = if std::env::var(SHAPED_ENV).map_or(true, |v| v != "0") {
+            ShapedKey::catalogs(&keys, world)
+        } else {
+            vec![]
+        };
+        let jobs: Vec<_> =
+            keys.iter().map(ExecKey::unit).chain(shaped_keys.iter().map(ShapedKey::unit)).map(|u| (u, arch)).collect();
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let compiled = cache.get_or_compile_all(&jobs, threads)?;
+        let mut compiled = cache.get_or_compile_all(&jobs, threads)?.into_iter();
+        let mut module = || -> Result<Arc<CudaModule>, Error> {
+            let kernel = compiled.next().ok_or_else(|| Error::Unsupported("a kernel was not compiled".into()))?;
+            ctx.load_module(Ptx::from_binary(kernel.cubin)).map_err(driver("cuModuleLoadData"))
+        };
         let mut functions = HashMap::new();
-        let mut modules = Vec::new();
         let mut bound = u32::MAX;
-        for (key, kernel) in keys.iter().zip(compiled) {
-            let module = ctx.load_module(Ptx::from_binary(kernel.cubin)).map_err(driver("cuModuleLoadData"))?;
-            let smem = atom.smem_bytes() as usize;
-            let entry = |name: &str| -> Result<CudaFunction, Error> {
-                let function = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
-                if smem > 48 << 10 {
-                    function
-                        .set_attribute(
-                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            smem as i32,
-                        )
-                        .map_err(driver("cuFuncSetAttribute"))?;
-                }
-                Ok(function)
-            };
-            let entries = EntryPoints { full: entry("purlin_snac_exec")?, small: entry("purlin_snac_exec_small")? };
-            for function in [&entries.full, &entries.small] {
-                bound = bound.min(crate::device::max_coresident_blocks(function, atom.threads(), smem, sm_count)?);
-            }
+        for key in &keys {
+            let (entries, b) = EntryPoints::load(
+                module()?,
+                "purlin_snac_exec",
+                "purlin_snac_exec_small",
+                atom,
+                atom.smem_bytes(),
+                sm_count,
+            )?;
+            bound = bound.min(b);
             functions.insert(*key, entries);
-            modules.push(module);
+        }
+        let mut shaped = HashMap::new();
+        for key in shaped_keys {
+            let (entries, b) =
+                EntryPoints::load(module()?, "purlin_snac_shaped", "purlin_snac_shaped_small", atom, 0, sm_count)?;
+            // Plans are derived under the interpreter's bound; the shaped kernel needs fewer
+            // resources, but were it ever to hold fewer blocks, the interpreter would run all.
+            if b >= bound {
+                shaped.insert(key.exec, Shaped { key, entries });
+            }
         }
         let packet = if packet_bytes_for(generation) == 16 { PacketFormat::B16 } else { PacketFormat::B8 };
-        Ok(Self { atom, packet, functions, _modules: modules, coresident_local: bound })
+        Ok(Self { atom, packet, functions, shaped, coresident_local: bound })
     }
 
     /// The Atom build the kernels run.
@@ -191,8 +267,8 @@ impl DeviceExecutor {
         self.coresident_local
     }
 
-    /// The kernels for a plan's dtype and op; a typed error where the Atom lacks the dtype.
-    fn entries_for(&self, plan: &Plan) -> Result<&EntryPoints, Error> {
+    /// The datapath key of a plan's kernels; a typed error where the Atom lacks the dtype.
+    fn exec_key(&self, plan: &Plan) -> Result<ExecKey, Error> {
         let op = exec_op(plan.spec.op);
         let dtype = match (op, atom_dtype(plan.spec.dtype)) {
             (ExecOp::Copy, _) => DType::U32,
@@ -204,8 +280,12 @@ impl DeviceExecutor {
                 )));
             }
         };
-        let key =
-            ExecKey { atom: self.atom, dtype, op, packet_bytes: packet_bytes_for(self.atom.generation) }.normalized();
+        Ok(ExecKey { atom: self.atom, dtype, op, packet_bytes: packet_bytes_for(self.atom.generation) }.normalized())
+    }
+
+    /// The interpreter's kernels for a plan.
+    fn entries_for(&self, plan: &Plan) -> Result<&EntryPoints, Error> {
+        let key = self.exec_key(plan)?;
         self.functions.get(&key).ok_or_else(|| Error::Unsupported(format!("no executor kernel for {key:?}")))
     }
 
@@ -213,6 +293,23 @@ impl DeviceExecutor {
     /// lacks the dtype).
     pub fn check_supported(&self, plan: &Plan) -> Result<(), Error> {
         self.entries_for(plan).map(|_| ())
+    }
+
+    /// Makes `plan` ready to launch: its parameter block and, where the shaped executor runs
+    /// it, each block's catalog index in the block table (the plan's own shape indices, which
+    /// the interpreter ignores, are replaced).
+    pub fn params(&self, plan: &Plan) -> Result<ExecParams, Error> {
+        let mut words = purlin_snac::params::encode(plan);
+        let shaped = self.shaped.get(&self.exec_key(plan)?);
+        let indices = shaped.and_then(|s| s.key.indices_for(plan));
+        if let Some(indices) = &indices {
+            let table = purlin_snac::params::HEADER_WORDS;
+            for (b, own) in plan.block_shape_ids().into_iter().enumerate() {
+                let word = &mut words[table + 3 * b];
+                *word = (*word & 0xffff_ffff) | (indices[own as usize] as u64) << 32;
+            }
+        }
+        Ok(ExecParams { block: ParamBlock::new(&words)?, shaped: indices.is_some() })
     }
 
     /// Launches `plan` (whose parameter words are `params`) on `stream`.
@@ -232,28 +329,30 @@ impl DeviceExecutor {
         if grid == 0 {
             return Ok(()); // an empty call: nothing moves, nothing advances (on every rank)
         }
-        let entries = self.entries_for(plan)?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (self.atom.threads(), 1, 1),
-            shared_mem_bytes: self.atom.smem_bytes(),
+        let (entries, smem) = match self.shaped.get(&self.exec_key(plan)?) {
+            Some(shaped) if params.shaped => (&shaped.entries, 0),
+            _ => (self.entries_for(plan)?, self.atom.smem_bytes()),
         };
-        let mut launch = match params {
-            ExecParams::Small(words) => {
+        let cfg =
+            LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (self.atom.threads(), 1, 1), shared_mem_bytes: smem };
+        let mut launch = match &params.block {
+            ParamBlock::Small(words) => {
                 let mut l = stream.launch_builder(&entries.small);
                 l.arg(rt).arg(&**words);
                 l
             }
-            ExecParams::Full(words) => {
+            ParamBlock::Full(words) => {
                 let mut l = stream.launch_builder(&entries.full);
                 l.arg(rt).arg(&**words);
                 l
             }
         };
-        // SAFETY: each entry point's parameters are (Runtime, ParamBlock<N>), which
+        // SAFETY: every entry point's parameters are (Runtime, ParamBlock<N>), which
         // ExecRuntime and the ParamWords<N> of its variant mirror (N = EXEC_SMALL_PARAM_WORDS
-        // for purlin_snac_exec_small, EXEC_PARAM_WORDS for purlin_snac_exec, the -D options
-        // both are compiled with); the caller guarantees the addresses in `rt`; the
+        // for the `_small` entry points, EXEC_PARAM_WORDS for the others, the -D options all
+        // are compiled with); a shaped kernel runs only plans whose every block shape it holds, at
+        // the catalog index `params` wrote into the block table, and needs no dynamic shared
+        // memory; the caller guarantees the addresses in `rt`; the
         // grid is within the co-residency bound the plan was derived under, and the
         // cooperative launch refuses a grid that cannot be co-resident instead of hanging;
         // every device wait is bounded by rt.timeout_ns.
@@ -271,18 +370,18 @@ mod tests {
     #[test]
     fn a_plan_takes_the_smallest_parameter_block_that_holds_it() {
         let words: Vec<u64> = (1..=EXEC_PARAM_WORDS as u64).collect();
-        match ExecParams::new(&words[..EXEC_SMALL_PARAM_WORDS]) {
-            Ok(ExecParams::Small(p)) => assert_eq!(&p.words[..], &words[..EXEC_SMALL_PARAM_WORDS]),
+        match ParamBlock::new(&words[..EXEC_SMALL_PARAM_WORDS]) {
+            Ok(ParamBlock::Small(p)) => assert_eq!(&p.words[..], &words[..EXEC_SMALL_PARAM_WORDS]),
             other => panic!("{other:?}"),
         }
-        match ExecParams::new(&words[..EXEC_SMALL_PARAM_WORDS + 1]) {
-            Ok(ExecParams::Full(p)) => {
+        match ParamBlock::new(&words[..EXEC_SMALL_PARAM_WORDS + 1]) {
+            Ok(ParamBlock::Full(p)) => {
                 assert_eq!(&p.words[..EXEC_SMALL_PARAM_WORDS + 1], &words[..EXEC_SMALL_PARAM_WORDS + 1]);
                 assert!(p.words[EXEC_SMALL_PARAM_WORDS + 1..].iter().all(|&w| w == 0));
             }
             other => panic!("{other:?}"),
         }
         let too_long = [0u64; EXEC_PARAM_WORDS + 1];
-        assert!(matches!(ExecParams::new(&too_long), Err(Error::Unsupported(_))));
+        assert!(matches!(ParamBlock::new(&too_long), Err(Error::Unsupported(_))));
     }
 }

@@ -32,11 +32,16 @@ fn every_runtime_unit_compiles_to_cubin() {
         assert!(!k.from_cache, "{} came from a cache", unit.name);
         // An ELF image: CUBIN, not PTX.
         assert_eq!(&k.cubin[..4], b"\x7fELF", "{} for {arch} is not a CUBIN", unit.name);
-        if unit.name.starts_with("purlin_exec_") {
-            // Both entry points the launcher looks up (exec_device.rs), by symbol name.
-            for entry in [&b"purlin_snac_exec\0"[..], &b"purlin_snac_exec_small\0"[..]] {
-                assert!(k.cubin.windows(entry.len()).any(|w| w == entry), "{} lacks an entry point", unit.name);
-            }
+        // Both entry points the launcher looks up (exec_device.rs), by symbol name.
+        let entries: &[&[u8]] = if unit.name.starts_with("purlin_exec_") {
+            &[b"purlin_snac_exec\0", b"purlin_snac_exec_small\0"]
+        } else if unit.name.starts_with("purlin_shaped_") {
+            &[b"purlin_snac_shaped\0", b"purlin_snac_shaped_small\0"]
+        } else {
+            &[]
+        };
+        for entry in entries {
+            assert!(k.cubin.windows(entry.len()).any(|w| w == *entry), "{} lacks an entry point", unit.name);
         }
     }
     println!("{} translation units compiled", jobs.len());

@@ -109,6 +109,27 @@ impl Plan {
             .collect()
     }
 
+    /// For each of [`KernelKey::shapes`], its ops with the words of each op's record (in
+    /// [`crate::params`]), in the same order: what a shaped executor needs to find every
+    /// record of a block at a constant offset from its first.
+    pub fn shape_records(&self) -> Vec<Vec<(ShapeOp, u32)>> {
+        let ids = self.block_shape_ids();
+        let count = ids.iter().map(|&i| i as usize + 1).max().unwrap_or(0);
+        (0..count)
+            .map(|id| {
+                let b = ids.iter().position(|&i| i as usize == id).unwrap_or(0);
+                let mut ops = vec![];
+                for s in &self.blocks[b].steps {
+                    ops.push((shape_op(s), crate::params::record_words(s)));
+                    if let Step::ChunkLoop { body, .. } = s {
+                        ops.extend(body.iter().map(|t| (shape_op(t), crate::params::record_words(t))));
+                    }
+                }
+                ops
+            })
+            .collect()
+    }
+
     /// The compile-time part of this plan.
     pub fn kernel_key(&self) -> KernelKey {
         let mut shapes: Vec<BlockShape> = vec![];

@@ -1,12 +1,15 @@
 //! The run-time parameter block: a plan's numbers as a flat array of little-endian `u64`
 //! words, read by the device executor as a `__grid_constant__` kernel parameter.
 //!
-//! # Layout (version 2)
+//! # Layout (version 3)
 //!
 //! Words `0..HEADER_WORDS` are [`ParamHeader`], a `#[repr(C)]` struct of `u64` fields whose
 //! byte offsets [`header_fields`] lists (and [`c_header`] turns into a C struct with
 //! `static_assert(offsetof(...) == N)` lines). Then, at word `block_table`, three words per
-//! block: `role` (see [`role_code`]), the word index of the block's first step record, the
+//! block: `role | shape << 32` (`role`: see [`role_code`]; `shape`: which compiled step
+//! sequence runs the block — [`encode`] writes the block's index in
+//! [`crate::KernelKey::shapes`], and a runtime with its own numbering of shapes may replace
+//! it; an interpreter ignores it), the word index of the block's first step record, the
 //! number of top-level steps. Then the step records. A record starts with a tag word:
 //! `opcode | record_words << 8 | count << 24` (`count`: sources of a reduce, notifications of
 //! an arrive, body steps of a loop). Field groups, in words:
@@ -38,8 +41,8 @@ use crate::plan::{
 
 /// `"SNACPAR1"` as a little-endian word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SNACPAR1");
-/// Layout version (2: shared stages and ticket resets).
-pub const VERSION: u64 = 2;
+/// Layout version (2: shared stages and ticket resets; 3: shape indices in the block table).
+pub const VERSION: u64 = 3;
 /// Words in the header.
 pub const HEADER_WORDS: usize = std::mem::size_of::<ParamHeader>() / 8;
 
@@ -281,6 +284,13 @@ impl W {
     }
 }
 
+/// Words of `step`'s own record (a loop's record without its body's).
+pub fn record_words(step: &Step) -> u32 {
+    let mut w = W(vec![]);
+    w.step(step);
+    ((w.0[0] >> 8) & 0xffff) as u32
+}
+
 /// Encodes a plan's numbers as parameter words (layout in the module docs).
 pub fn encode(plan: &Plan) -> Vec<u64> {
     let r = &plan.resources;
@@ -316,10 +326,11 @@ pub fn encode(plan: &Plan) -> Vec<u64> {
     };
     let table = HEADER_WORDS;
     let mut w = W(vec![0; table + 3 * plan.blocks.len()]);
+    let shapes = plan.block_shape_ids();
     for (b, block) in plan.blocks.iter().enumerate() {
         let first = w.0.len() as u64;
         block.steps.iter().for_each(|s| w.step(s));
-        w.0[table + 3 * b] = role_code(block.role);
+        w.0[table + 3 * b] = role_code(block.role) | (shapes[b] as u64) << 32;
         w.0[table + 3 * b + 1] = first;
         w.0[table + 3 * b + 2] = block.steps.len() as u64;
     }
@@ -466,7 +477,7 @@ pub fn decode(words: &[u64]) -> Result<(ParamHeader, Vec<BlockProgram>), ParamEr
     for b in 0..h.grid as usize {
         let t = h.block_table as usize + 3 * b;
         let mut r = R { w: words, at: t };
-        let role = role_from(r.next()?).ok_or(r.err("unknown role"))?;
+        let role = role_from(r.next()? & 0xffff_ffff).ok_or(r.err("unknown role"))?;
         let first = r.next()? as usize;
         let n = r.next()? as usize;
         let mut r = R { w: words, at: first };

@@ -212,6 +212,14 @@ fn serde_and_params_round_trip() {
             assert_eq!(h.rank, p.rank as u64);
             assert_eq!(h.total_words as usize, words.len());
             assert_eq!(params::to_bytes(&words).len(), 8 * words.len());
+            // The block table's high half names each block's shape in the kernel key.
+            let table = h.block_table as usize;
+            let ids: Vec<u32> = (0..blocks.len()).map(|b| (words[table + 3 * b] >> 32) as u32).collect();
+            assert_eq!(ids, p.block_shape_ids());
+            let shapes = p.kernel_key().shapes;
+            for (b, &id) in ids.iter().enumerate() {
+                assert_eq!(shapes[id as usize], p.block_shape(b));
+            }
         }
     }
     assert!(decode_plans(&[1, 2, 3]).is_err());

@@ -1,0 +1,326 @@
+// What both device executors share (kernels/snac/executor.cu interprets any plan,
+// kernels/snac/shaped.cu runs latency plans of one compiled shape): the kernel key's -D
+// options, the per-call pointers, reading records of the parameter block, packets, the
+// failure record and the debug trace.
+#pragma once
+
+#include "atom.cuh"
+#include "params.cuh"
+#include "sync.cuh"
+
+#ifndef PURLIN_T
+#define PURLIN_T U32
+#endif
+#ifndef PURLIN_OP
+#define PURLIN_OP Sum
+#endif
+#ifndef PURLIN_AVG
+#define PURLIN_AVG 0
+#endif
+#ifndef PURLIN_PACKET
+#define PURLIN_PACKET 8
+#endif
+#ifndef PURLIN_PARAM_WORDS
+#define PURLIN_PARAM_WORDS 3968
+#endif
+#ifndef PURLIN_SMALL_PARAM_WORDS
+#define PURLIN_SMALL_PARAM_WORDS 512
+#endif
+
+namespace purlin {
+namespace snac {
+
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned char u8;
+using purlin::sync::Packet16;
+using purlin::sync::Packet8;
+using purlin::sync::WaitResult;
+
+constexpr u32 kMaxWorld = 16;
+
+// Per-call pointers, filled by the host (purlin-collectives/src/exec/device.rs mirrors this
+// struct; a CI test checks its size and offsets).
+struct Runtime {
+  u64 input;
+  u64 output;
+  u64 staging[kMaxWorld];  // every rank's staging base, as mapped on this rank
+  u64 window[kMaxWorld];   // every rank's packet-window base
+  u64 flags[kMaxWorld];    // every rank's flag words (signals and drains)
+  u64 counters;            // this rank's arrival counters
+  u64 epochs;              // this rank's per-block epochs
+  u64 control;             // this rank's poison word and failure record
+  u64 timeout_ns;          // bound of every wait
+  u64 trace;               // debug trace (0: off): per block, trace_capacity entries of 5 words
+  u64 trace_capacity;
+};
+
+template <u32 WORDS>
+struct ParamBlock {
+  u64 w[WORDS];
+};
+
+typedef purlin::atom::PURLIN_T Elem;
+typedef purlin::atom::PURLIN_OP ReduceOp;
+typedef typename Elem::storage Storage;
+typedef typename Elem::acc Acc;
+constexpr bool kAvg = PURLIN_AVG != 0;
+constexpr u64 kPacketBytes = PURLIN_PACKET;
+constexpr u64 kPayload = kPacketBytes / 2;  // payload bytes per packet
+static_assert(kPacketBytes == 8 || kPacketBytes == 16, "packets are 8 or 16 bytes");
+static_assert(kPayload % sizeof(Storage) == 0, "an element never straddles two packets");
+constexpr u32 kLanes = kPayload / sizeof(Storage);
+
+// ------------------------------------------------------------------ record field access
+
+struct Ctx {
+  const u64* w;        // the parameter words
+  const Runtime* rt;
+  u64 epoch;           // E: this block's epoch at entry
+  u64 sense;           // E & 1
+  u64 world;
+  u64 rank;
+  u8* smem;
+};
+
+__device__ __forceinline__ u64 off_at(const u64* o, u64 c, u64 s) {
+  const u64 k = o[2] == 0 ? c : c % o[2];
+  return o[0] + k * o[1] + s * o[3];
+}
+
+__device__ __forceinline__ u64 len_at(const u64* l, u64 c) {
+  const u64 start = l[2] + c * l[3];
+  const u64 left = l[1] > start ? l[1] - start : 0;
+  return left < l[0] ? left : l[0];
+}
+
+__device__ __forceinline__ u64 val_at(const Ctx& x, const u64* v, u64 c) { return x.epoch + c * v[0] + (u64)(i64)v[1]; }
+
+__device__ __forceinline__ u64 idx_at(u64 word, u64 c) {
+  const u64 base = word & 0xffffffffull, modulus = word >> 32;
+  return base + (modulus == 0 ? 0 : c % modulus);
+}
+
+__device__ __forceinline__ bool admits(const u64* g, u64 c) { return g[0] <= c && c < g[1]; }
+
+__device__ __forceinline__ u32 space_kind(const u64* r) { return (u32)(r[0] >> 32); }
+__device__ __forceinline__ u32 space_rank(const u64* r) { return (u32)(r[0] & 0xffffffffull); }
+
+// A non-window region's address at chunk c.
+__device__ __forceinline__ u8* region_ptr(const Ctx& x, const u64* r, u64 c) {
+  const u32 rank = space_rank(r);
+  u64 base = 0;
+  switch (space_kind(r)) {
+    case kInput: base = x.rt->input; break;
+    case kOutput: base = x.rt->output; break;
+    case kStaging: base = x.rt->staging[rank]; break;
+    default: base = x.rt->window[rank]; break;
+  }
+  return (u8*)(base + off_at(r + 1, c, x.sense));
+}
+
+// A window region's first packet at chunk c (offsets count payload bytes).
+__device__ __forceinline__ u8* window_packets(const Ctx& x, const u64* r, u64 c) {
+  return (u8*)(x.rt->window[space_rank(r)] + off_at(r + 1, c, x.sense) / kPayload * kPacketBytes);
+}
+
+// ------------------------------------------------------------------ packets
+
+// Loads up to kPayload bytes of a payload word (zero-padded past `bytes`).
+__device__ __forceinline__ u64 load_payload(const u8* src, u64 bytes) {
+  if (bytes >= kPayload && ((u64)src % kPayload) == 0) {
+    return kPayload == 8 ? *(const u64*)src : (u64) * (const u32*)src;
+  }
+  u64 v = 0;
+  for (u64 i = 0; i < bytes && i < kPayload; ++i) v |= (u64)src[i] << (8 * i);
+  return v;
+}
+
+__device__ __forceinline__ void store_payload(u8* dst, u64 v, u64 bytes) {
+  if (bytes >= kPayload && ((u64)dst % kPayload) == 0) {
+    if (kPayload == 8) {
+      *(u64*)dst = v;
+    } else {
+      *(u32*)dst = (u32)v;
+    }
+    return;
+  }
+  for (u64 i = 0; i < bytes && i < kPayload; ++i) dst[i] = (u8)(v >> (8 * i));
+}
+
+__device__ __forceinline__ void put_packet(u8* packets, u64 i, u64 data, u64 flag) {
+  if (kPacketBytes == 16) {
+    purlin::sync::st_packet16_sys((Packet16*)packets + i, data, flag);
+  } else {
+    purlin::sync::st_packet8_sys((Packet8*)packets + i, (u32)data, (u32)flag);
+  }
+}
+
+__device__ __forceinline__ WaitResult get_packet(const Ctx& x, const u8* packets, u64 i, u64 expect, u64 start,
+                                                 u64* data) {
+  const u64* poison = (const u64*)x.rt->control;
+  if (kPacketBytes == 16) {
+    return purlin::sync::poll_packet16((const Packet16*)packets + i, expect, poison, start, x.rt->timeout_ns, data);
+  }
+  return purlin::sync::poll_packet8((const Packet8*)packets + i, expect, poison, start, x.rt->timeout_ns, data);
+}
+
+// ------------------------------------------------------------------ failure
+
+struct Failure {
+  int code;  // 0 none, 1 timeout, 2 poisoned elsewhere, 3 malformed plan
+  u64 peer_plus_one;
+  u64 step;
+  u64 chunk;
+};
+
+__shared__ Failure s_failure;
+
+__device__ __forceinline__ void fail(int code, u64 peer_plus_one, u64 step, u64 chunk) {
+  // Any thread may fail; the first writer's record is as good as any.
+  if (s_failure.code == 0) s_failure = Failure{code, peer_plus_one, step, chunk};
+}
+
+__device__ __forceinline__ void note_wait(WaitResult r, u64 peer_plus_one, u64 step, u64 chunk) {
+  if (r == purlin::sync::kWaitTimeout) fail(1, peer_plus_one, step, chunk);
+  if (r == purlin::sync::kWaitPoisoned) fail(2, peer_plus_one, step, chunk);
+}
+
+// ------------------------------------------------------------------ data steps
+
+__device__ __forceinline__ Acc scale_avg(Acc a, u64 world) {
+  if (kAvg) return a / (Acc)world;
+  return a;
+}
+
+// Element-wise reduce of `len` bytes where some sources are packets in this rank's window.
+// Each thread stops at its first failed wait (bounded from `start`) and returns its result.
+__device__ WaitResult reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32 n, u64 len, u64 expect,
+                                     u64 start, u64 c) {
+  const u64 words = (len + kPayload - 1) / kPayload;
+  for (u64 i = purlin::atom::tid(); i < words; i += purlin::atom::nthreads()) {
+    const u64 bytes = len - i * kPayload < kPayload ? len - i * kPayload : kPayload;
+    Acc acc[kLanes];
+    // Local sources are loaded before any packet is polled, so their load latency overlaps
+    // the packets' flight instead of following it; the combination stays in rank order.
+    u64 local[kMaxWorld];
+    for (u32 r = 0; r < n && r < kMaxWorld; ++r) {
+      const u64* reg = srcs + 5 * r;
+      if (space_kind(reg) != kWindow) local[r] = load_payload(region_ptr(x, reg, c) + i * kPayload, bytes);
+    }
+    for (u32 r = 0; r < n && r < kMaxWorld; ++r) {
+      const u64* reg = srcs + 5 * r;
+      u64 word = 0;
+      if (space_kind(reg) == kWindow) {
+        const WaitResult res = get_packet(x, window_packets(x, reg, c), i, expect, start, &word);
+        if (res != purlin::sync::kWaitOk) return res;
+      } else {
+        word = local[r];
+      }
+#pragma unroll
+      for (u32 l = 0; l < kLanes; ++l) {
+        const Acc v = Elem::decode((Storage)(word >> (8 * sizeof(Storage) * l)));
+        acc[l] = r == 0 ? v : ReduceOp::apply(acc[l], v);
+      }
+    }
+    u64 out = 0;
+#pragma unroll
+    for (u32 l = 0; l < kLanes; ++l) {
+      out |= (u64)Elem::encode(scale_avg(acc[l], x.world)) << (8 * sizeof(Storage) * l);
+    }
+    store_payload(dst + i * kPayload, out, bytes);
+  }
+  return purlin::sync::kWaitOk;
+}
+
+// Divides `count` elements at dst by world in place (Avg = sum, then scale).
+__device__ void scale_in_place(u8* dst, u64 count, u64 world) {
+  Storage* d = (Storage*)dst;
+  for (u64 i = purlin::atom::tid(); i < count; i += purlin::atom::nthreads()) {
+    d[i] = Elem::encode(scale_avg(Elem::decode(d[i]), world));
+  }
+}
+
+// Copies `len` bytes of packets in this rank's window to dst; returns like reduce_packets.
+__device__ WaitResult gather_packets(const Ctx& x, u8* dst, const u64* src, u64 len, u64 expect, u64 start,
+                                     u64 c) {
+  const u8* packets = window_packets(x, src, c);
+  const u64 words = (len + kPayload - 1) / kPayload;
+  for (u64 i = purlin::atom::tid(); i < words; i += purlin::atom::nthreads()) {
+    u64 word = 0;
+    const WaitResult res = get_packet(x, packets, i, expect, start, &word);
+    if (res != purlin::sync::kWaitOk) return res;
+    const u64 bytes = len - i * kPayload < kPayload ? len - i * kPayload : kPayload;
+    store_payload(dst + i * kPayload, word, bytes);
+  }
+  return purlin::sync::kWaitOk;
+}
+
+__device__ void put_packets(const Ctx& x, const u64* dst, const u8* src, u64 len, u64 flag, u64 c) {
+  u8* packets = window_packets(x, dst, c);
+  const u64 words = (len + kPayload - 1) / kPayload;
+  for (u64 i = purlin::atom::tid(); i < words; i += purlin::atom::nthreads()) {
+    const u64 bytes = len - i * kPayload < kPayload ? len - i * kPayload : kPayload;
+    put_packet(packets, i, load_payload(src + i * kPayload, bytes), flag);
+  }
+}
+
+// ------------------------------------------------------------------ notifications
+
+// Stores a notification's value into the flag word of its peer (after publish_fence).
+__device__ __forceinline__ void notify_store(const Ctx& x, const u64* n, u64 c) {
+  const u32 peer = (u32)(n[0] & 0xffffffffull);
+  u64* flag = (u64*)x.rt->flags[peer] + idx_at(n[1], c);
+  purlin::sync::st_relaxed_sys(flag, val_at(x, n + 2, c));
+}
+
+__shared__ u64 s_agreed;  // the advance maximum seen by this block's handshake waits
+
+// Words per trace entry: block, step record offset, chunk, epoch, start time (ns).
+constexpr u64 kTraceWords = 5;
+
+// Steps this block traced so far (thread 0 only; written to the trace header at the end, so
+// tracing adds no global load per step).
+__shared__ u64 s_trace_count;
+
+__device__ __forceinline__ void trace(const Ctx& x, u64 at, u64 c) {
+  if (x.rt->trace == 0 || purlin::atom::tid() != 0) return;
+  u64* t = (u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords;
+  const u64 n = s_trace_count++;
+  if (n + 1 < x.rt->trace_capacity) {
+    u64* e = t + kTraceWords * (n + 1);
+    e[0] = blockIdx.x;
+    e[1] = at;
+    e[2] = c;
+    e[3] = x.epoch;
+    e[4] = purlin::sync::now_ns();
+  }
+}
+
+// The trace header (entry 0): steps recorded, then when the block's last step finished (0 if
+// the block failed); its third word holds when the block began.
+__device__ __forceinline__ void trace_end(const Ctx& x, bool ok) {
+  if (x.rt->trace == 0 || purlin::atom::tid() != 0) return;
+  u64* t = (u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords;
+  t[0] = s_trace_count;
+  if (ok) t[1] = purlin::sync::now_ns();
+}
+
+// A completed call advances every epoch word of this rank (s_agreed settled before the
+// caller's last barrier). Every thread of every block shares the stores: a grid of one block
+// must advance all epoch words, and one thread storing a thousand of them serially was
+// measured at several microseconds.
+__device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runtime* rt, u64 epoch) {
+  u64 advance = h->advance_value;
+  if (h->advance_kind == 1) {
+    advance = (advance > s_agreed ? advance : s_agreed) | 1;
+  }
+  u64* epochs = (u64*)rt->epochs;
+  const u64 stride = h->grid * purlin::atom::nthreads();
+  for (u64 j = blockIdx.x + h->grid * purlin::atom::tid(); j < h->epoch_words; j += stride) {
+    epochs[j] = epoch + advance;
+  }
+}
+
+}  // namespace snac
+}  // namespace purlin
