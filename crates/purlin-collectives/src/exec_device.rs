@@ -112,13 +112,6 @@ pub struct ExecParams {
     shaped: bool,
 }
 
-impl ExecParams {
-    /// Whether launches of this plan run on the shaped executor.
-    pub fn is_shaped(&self) -> bool {
-        self.shaped
-    }
-}
-
 /// One module's two entry points (same code; full-size and small parameter blocks).
 #[derive(Debug)]
 struct EntryPoints {
