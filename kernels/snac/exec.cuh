@@ -324,3 +324,19 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
 
 }  // namespace snac
 }  // namespace purlin
+
+// An executor module's two entry points, `NAME` (the full parameter block) and `NAME##_small`
+// (PURLIN_SMALL_PARAM_WORDS words, for the plans that fit: an eager launch uploads its whole
+// parameter block, and the large one cost 2.4 us per launch, round 49), both running
+// `RUN(words, runtime)`.
+#define PURLIN_EXEC_ENTRY_POINTS(NAME, RUN)                                                            \
+  extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
+      NAME(const __grid_constant__ purlin::snac::Runtime rt,                                           \
+           const __grid_constant__ purlin::snac::ParamBlock<PURLIN_PARAM_WORDS> params) {              \
+    RUN(params.w, &rt);                                                                                \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
+      NAME##_small(const __grid_constant__ purlin::snac::Runtime rt,                                   \
+                   const __grid_constant__ purlin::snac::ParamBlock<PURLIN_SMALL_PARAM_WORDS> params) { \
+    RUN(params.w, &rt);                                                                                \
+  }

@@ -244,16 +244,4 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt) {
 }  // namespace snac
 }  // namespace purlin
 
-extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
-    purlin_snac_exec(const __grid_constant__ purlin::snac::Runtime rt,
-                     const __grid_constant__ purlin::snac::ParamBlock<PURLIN_PARAM_WORDS> params) {
-  purlin::snac::run_block(params.w, &rt);
-}
-
-// The same executor for plans of at most PURLIN_SMALL_PARAM_WORDS words: an eager launch
-// uploads its whole parameter block, and the large one cost 2.4 us per launch (round 49).
-extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
-    purlin_snac_exec_small(const __grid_constant__ purlin::snac::Runtime rt,
-                           const __grid_constant__ purlin::snac::ParamBlock<PURLIN_SMALL_PARAM_WORDS> params) {
-  purlin::snac::run_block(params.w, &rt);
-}
+PURLIN_EXEC_ENTRY_POINTS(purlin_snac_exec, purlin::snac::run_block)

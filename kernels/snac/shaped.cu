@@ -231,14 +231,4 @@ __device__ __forceinline__ void run_shaped_block(const u64* w, const Runtime* rt
 }  // namespace snac
 }  // namespace purlin
 
-extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
-    purlin_snac_shaped(const __grid_constant__ purlin::snac::Runtime rt,
-                       const __grid_constant__ purlin::snac::ParamBlock<PURLIN_PARAM_WORDS> params) {
-  purlin::snac::run_shaped_block(params.w, &rt);
-}
-
-extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
-    purlin_snac_shaped_small(const __grid_constant__ purlin::snac::Runtime rt,
-                             const __grid_constant__ purlin::snac::ParamBlock<PURLIN_SMALL_PARAM_WORDS> params) {
-  purlin::snac::run_shaped_block(params.w, &rt);
-}
+PURLIN_EXEC_ENTRY_POINTS(purlin_snac_shaped, purlin::snac::run_shaped_block)
