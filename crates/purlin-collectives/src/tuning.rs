@@ -5,7 +5,8 @@
 //! `PURLIN_SHARE_MIN_CHUNK`,
 //! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_BLOCK_BYTES`, `PURLIN_LATENCY_MAX_BLOCKS`,
 //! `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`), so the table can be measured before it is
-//! trusted.
+//! trusted. Which executor runs a plan is not tuning: latency plans of catalogued shapes run
+//! shaped unless `PURLIN_SHAPED=0` (`exec_device`).
 //!
 //! The defaults come from sweeps on 2×H200 (PERFORMANCE.md): push staging (remote stores beat
 //! remote loads under two-way load, DEVICE.md, and the sweeps agree); 16 writer blocks and 32
