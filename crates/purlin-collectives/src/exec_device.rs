@@ -296,6 +296,7 @@ impl DeviceExecutor {
         let shaped = self.shaped.get(&self.exec_key(plan)?);
         let indices = shaped.and_then(|s| s.key.indices_for(plan));
         if let Some(indices) = &indices {
+            // `encode` puts the block table right after the header.
             let table = purlin_snac::params::HEADER_WORDS;
             for (b, own) in plan.block_shape_ids().into_iter().enumerate() {
                 let word = &mut words[table + 3 * b];
