@@ -3,7 +3,8 @@
 //! (`PURLIN_REGIME=latency|throughput`, `PURLIN_STAGING_SIDE=own|peer`, `PURLIN_CHUNK_BYTES`,
 //! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_LANES`, `PURLIN_SLOTS`, `PURLIN_SHARE_PIECE`,
 //! `PURLIN_SHARE_MIN_CHUNK`,
-//! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_BLOCK_BYTES`, `PURLIN_LATENCY_MAX_BLOCKS`,
+//! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_MAX_BYTES_ALLREDUCE`, `PURLIN_LATENCY_BLOCK_BYTES`,
+//! `PURLIN_LATENCY_MAX_BLOCKS`,
 //! `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`), so the table can be measured before it is
 //! trusted. Which executor runs a plan is not tuning: latency plans of catalogued shapes run
 //! shaped unless `PURLIN_SHAPED=0` (`exec_device`).
@@ -26,10 +27,13 @@ use crate::error::Error;
 /// The tuning knobs that do not come from the communicator's sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
-    /// `None`: by size (latency up to `latency_max_bytes`).
+    /// `None`: by size (latency up to `latency_max_bytes`, `latency_max_bytes_allreduce`).
     pub regime: Option<Regime>,
-    /// Largest per-rank payload planned in the latency regime.
+    /// Largest per-rank payload planned in the latency regime (where its plan fits the packet
+    /// window), AllReduce aside.
     pub latency_max_bytes: u64,
+    /// The same for AllReduce (each rank sends its whole buffer to every peer in packets).
+    pub latency_max_bytes_allreduce: u64,
     /// The latency regime gives each block at least this many bytes of the largest transfer
     /// (fewer blocks for small calls: every block costs launch and exit time).
     pub latency_block_bytes: u64,
@@ -84,7 +88,13 @@ impl Default for Tuning {
         // 16 MiB chunks.
         Self {
             regime: None,
-            latency_max_bytes: 4 << 20,
+            // Packets against staging at 512 KiB-8 MiB, forced regimes, same run (round 53,
+            // shaped executor, windows without a cell for the rank's own data): AllReduce
+            // 1 MiB 10.4 vs 17.9 us, 2 MiB 18.3 vs 18.1 (eager 20.5 vs 19.6); AllGather /
+            // ReduceScatter / AllToAll 4 MiB 19.2-19.3 vs 16.5-18.2; the V forms at 2 MiB
+            // 11.8-14.1 vs 18.5-19.7, at 4 MiB equal.
+            latency_max_bytes: 2 << 20,
+            latency_max_bytes_allreduce: 1 << 20,
             latency_block_bytes: 4 << 10,
             latency_max_blocks: Some(64),
             staging_side: StagingSide::Peer,
@@ -143,6 +153,8 @@ impl Tuning {
         t.min_chunks = env("PURLIN_MIN_CHUNKS")?.unwrap_or(t.min_chunks);
         t.min_chunk_bytes = env("PURLIN_MIN_CHUNK_BYTES")?.unwrap_or(t.min_chunk_bytes);
         t.latency_max_bytes = env("PURLIN_LATENCY_MAX_BYTES")?.unwrap_or(t.latency_max_bytes);
+        t.latency_max_bytes_allreduce =
+            env("PURLIN_LATENCY_MAX_BYTES_ALLREDUCE")?.unwrap_or(t.latency_max_bytes_allreduce);
         t.latency_block_bytes = env("PURLIN_LATENCY_BLOCK_BYTES")?.unwrap_or(t.latency_block_bytes);
         t.latency_max_blocks = env("PURLIN_LATENCY_MAX_BLOCKS")?.or(t.latency_max_blocks);
         Ok(t)
@@ -169,11 +181,13 @@ pub fn band_bytes(spec: &CollectiveSpec) -> u64 {
 
 /// The plan configuration for one call.
 pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limits: &PlanLimits) -> PlanConfig {
-    let regime = tuning.regime.unwrap_or(if band_bytes(spec) <= tuning.latency_max_bytes {
-        Regime::Latency
+    let latency_max = if spec.collective == purlin_snac::Collective::AllReduce {
+        tuning.latency_max_bytes_allreduce
     } else {
-        Regime::Throughput
-    });
+        tuning.latency_max_bytes
+    };
+    let regime =
+        tuning.regime.unwrap_or(if band_bytes(spec) <= latency_max { Regime::Latency } else { Regime::Throughput });
     let cap = (limits.max_coresident_blocks / 4).max(1);
     let mut blocks = tuning.blocks_per_role.clamp(1, cap);
     if regime == Regime::Latency {

@@ -120,7 +120,7 @@ fn forced_regimes_and_sides_run_as_forced() {
     }
     // The default tuning: latency for small payloads, throughput for large ones.
     let comms = comms(2, Setup::Default, ReductionMode::Deterministic);
-    for (n, regime) in [(16u64, Regime::Latency), (100_000, Regime::Throughput)] {
+    for (n, regime) in [(16u64, Regime::Latency), (2_000_000, Regime::Throughput)] {
         let case = Case::new(
             Collective::AllReduce,
             2,

@@ -1,9 +1,10 @@
 //! The latency regime: packets straight into the peers' receive windows (DESIGN.md §3.2).
 //!
 //! Window layout of every rank, per sense half of `window_bytes / 2` bytes: `phases` areas of
-//! `world` cells of `A` bytes (cell `p` receives from rank `p`; `A` is the largest transfer
-//! between two ranks, rounded up to 16), then — when the plan has a handshake — `world`
-//! 16-byte handshake cells. Block `b` of `B` moves the slice `[b*S, b*S + S)` of every
+//! `world - 1` cells of `A` bytes, one per peer (at receiver `q`, peer `p` has cell `p` if
+//! `p < q`, else `p - 1`: a rank sends itself no packets, so it has no cell; `A` is the largest
+//! transfer between two ranks, rounded up to 16), then — when the plan has a handshake —
+//! `world` 16-byte handshake cells. Block `b` of `B` moves the slice `[b*S, b*S + S)` of every
 //! transfer, `S = up16(ceil(A / B))`; a gather's own part (input to output) is copied by
 //! further blocks, one per non-empty slice, beside the packet blocks. Every packet of a call
 //! carries the flag `E + 1`.
@@ -39,7 +40,8 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     let needs_handshake = spec.collective.is_v() || pairs().any(|(p, q)| send(p, q).1 == 0);
     let phases: u64 = if ar_two { 2 } else { 1 };
     let half = cfg.window_bytes / 2;
-    let hs_base = phases * world as u64 * a;
+    let peers = world as u64 - 1;
+    let hs_base = phases * peers * a;
     let need = hs_base + if needs_handshake { 16 * world as u64 } else { 0 };
     if need > half {
         return Err(DeriveError::WindowTooSmall { have: cfg.window_bytes, need: 2 * need });
@@ -47,7 +49,8 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     // Block slices cover the largest transfer, the rank's own local copy included.
     let widest = (0..world).map(|p| send(p, p).1).max().unwrap_or(0).max(a);
     let s = up16(widest.div_ceil(nb as u64)).max(16);
-    let cell = |phase: u64, src: u32| (phase * world as u64 + src as u64) * a;
+    // Where receiver `owner` keeps the packets `src` sends it in `phase`.
+    let cell = |phase: u64, owner: u32, src: u32| (phase * peers + (src - u32::from(src > owner)) as u64) * a;
     let flag = EpochVal::at(1);
     let g = Guard::ALWAYS;
 
@@ -59,8 +62,9 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
         let bs = b as u64 * s;
         let len = |total: u64| Len::slice(s, total, bs, 0);
         let at = |off: u64| Offset::fixed(off + bs);
-        let win =
-            |owner: u32, phase: u64, src: u32| Region::window(owner, Offset::fixed(cell(phase, src) + bs).sense(half));
+        let win = |owner: u32, phase: u64, src: u32| {
+            Region::window(owner, Offset::fixed(cell(phase, owner, src) + bs).sense(half))
+        };
         let mut steps = vec![];
         // Phase 0 puts.
         for q in (0..world).filter(|&q| q != rank) {
