@@ -13,8 +13,9 @@
 //! remote loads under two-way load, DEVICE.md, and the sweeps agree); 16 writer blocks and 32
 //! reader blocks (readers copy twice the bytes an AllGather's writers push, locally); 16 MiB
 //! chunks, cut to a quarter of the call down to 4 MiB (each chunk costs every block a few
-//! microseconds of waits, arrivals and fences); 2 slots; packets wherever the window holds
-//! the call (up to 4 MiB per rank), one block per 4 KiB of the largest transfer, at most 64.
+//! microseconds of waits, arrivals and fences); 2 slots; packets up to 2 MiB per rank (an
+//! AllReduce up to 1 MiB) where the window holds the call, one block per 4 KiB of the
+//! largest transfer, at most 64.
 //! A call whose plan does not fit (staging, parameter block) is re-planned with smaller
 //! chunks or fewer blocks.
 
@@ -70,8 +71,9 @@ impl Default for Tuning {
     fn default() -> Self {
         // Measured on 2×H200, 2026-11-30 (PERFORMANCE.md): 256 MiB AllGather busbw 182 GB/s
         // with 4 MiB chunks × 16 + 16 blocks, 258 with 32 readers, 300 with 16 MiB chunks
-        // (rounds 8–9); slots 2 → 4 changed nothing. Packets (latency regime) wherever the
-        // window holds the call, up to 4 MiB per rank, with up to 64 blocks: AllReduce 1 MiB
+        // (rounds 8–9); slots 2 → 4 changed nothing. Packets (latency regime) where the
+        // window holds the call, up to 4 MiB per rank (2 MiB since round 53, below), with up
+        // to 64 blocks: AllReduce 1 MiB
         // 14.6 µs against 20.1 with 16 blocks up to 1 MiB, AllGather 2 MiB 13.8 against 17.1
         // staged (round 11); 4 KiB per block beat 16 KiB and 16 blocks from 8 KiB to 128 KiB
         // (4.7 against 7.7 and 5.6 µs at 32 KiB, round 9); with the block cap lifted from a

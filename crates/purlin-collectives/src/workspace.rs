@@ -57,9 +57,10 @@ pub struct WorkspaceConfig {
 
 impl Default for WorkspaceConfig {
     /// 64 MiB staging (two sense halves of one 16 MiB chunk × 2 slots at world 2; larger
-    /// worlds get smaller chunks) and 4 MiB of window payload (the latency regime serves calls
-    /// up to 4 MiB per rank where the window holds them, measured faster than staging there
-    /// on 2×H200), with room for every plan up to world 16: about 72 MiB per rank.
+    /// worlds get smaller chunks) and 4 MiB of window payload (a sense half holds a world-2
+    /// latency call of up to 2 MiB from the peer, as a skewed 2 MiB V-form call may send; the
+    /// latency regime serves calls up to 2 MiB per rank, measured faster than staging there
+    /// on 2×H200, round 53), with room for every plan up to world 16: about 72 MiB per rank.
     fn default() -> Self {
         Self {
             staging_bytes: 64 << 20,
