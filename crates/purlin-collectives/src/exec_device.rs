@@ -276,16 +276,15 @@ impl DeviceExecutor {
         Ok(ExecKey { atom: self.atom, dtype, op, packet_bytes: packet_bytes_for(self.atom.generation) }.normalized())
     }
 
-    /// The interpreter's kernels for a plan.
-    fn entries_for(&self, plan: &Plan) -> Result<&EntryPoints, Error> {
-        let key = self.exec_key(plan)?;
-        self.functions.get(&key).ok_or_else(|| Error::Unsupported(format!("no executor kernel for {key:?}")))
+    /// The interpreter's kernels for a datapath key.
+    fn interpreter(&self, key: &ExecKey) -> Result<&EntryPoints, Error> {
+        self.functions.get(key).ok_or_else(|| Error::Unsupported(format!("no executor kernel for {key:?}")))
     }
 
     /// Checks that a kernel exists for the plan's dtype and op (a typed error where the Atom
     /// lacks the dtype).
     pub fn check_supported(&self, plan: &Plan) -> Result<(), Error> {
-        self.entries_for(plan).map(|_| ())
+        self.interpreter(&self.exec_key(plan)?).map(|_| ())
     }
 
     /// Makes `plan` ready to launch: its parameter block and, where the shaped executor runs
@@ -323,9 +322,11 @@ impl DeviceExecutor {
         if grid == 0 {
             return Ok(()); // an empty call: nothing moves, nothing advances (on every rank)
         }
-        let (entries, smem) = match self.shaped.get(&self.exec_key(plan)?) {
+        // One key lookup per launch: the shaped kernel where `params` says the plan runs shaped.
+        let key = self.exec_key(plan)?;
+        let (entries, smem) = match self.shaped.get(&key) {
             Some(shaped) if params.shaped => (&shaped.entries, 0),
-            _ => (self.entries_for(plan)?, self.atom.smem_bytes()),
+            _ => (self.interpreter(&key)?, self.atom.smem_bytes()),
         };
         let cfg =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (self.atom.threads(), 1, 1), shared_mem_bytes: smem };

@@ -243,12 +243,6 @@ pub struct ShapedKey {
 }
 
 impl ShapedKey {
-    /// The shaped kernel of `exec` at `world`: [`shape_catalog`] of its kind.
-    pub fn catalog(exec: ExecKey, world: u32) -> Self {
-        let exec = exec.normalized();
-        Self { exec, shapes: shape_catalog(world, exec.op != ExecOp::Copy) }
-    }
-
     /// The shaped kernels of every key in `keys` at `world` (each catalog derived once).
     pub fn catalogs(keys: &[ExecKey], world: u32) -> Vec<Self> {
         let [copy, reduce] = [false, true].map(|r| shape_catalog(world, r));
@@ -409,7 +403,7 @@ mod tests {
     #[test]
     fn the_catalog_holds_the_latency_allreduce_with_its_record_sizes() {
         let p = plan(Regime::Latency, 1);
-        let key = ShapedKey::catalog(exec(), 2);
+        let key = ShapedKey::catalogs(&[exec()], 2).remove(0);
         let words = purlin_snac::params::encode(&p);
         let first = words[purlin_snac::params::HEADER_WORDS + 1] as usize;
         let put_words = ((words[first] >> 8) & 0xffff) as u32;
@@ -426,7 +420,7 @@ mod tests {
     /// plans with a shape outside the catalog.
     #[test]
     fn plans_outside_the_catalog_are_interpreted() {
-        let key = ShapedKey::catalog(exec(), 2);
+        let key = ShapedKey::catalogs(&[exec()], 2).remove(0);
         assert!(key.indices_for(&plan(Regime::Throughput, 2)).is_none());
         let other = ShapedKey { exec: exec(), shapes: vec![] };
         assert!(other.indices_for(&plan(Regime::Latency, 1)).is_none());
@@ -437,8 +431,8 @@ mod tests {
     #[test]
     fn world_2_latency_plans_are_in_the_catalog() {
         use purlin_snac::Collective;
-        let reduce = ShapedKey::catalog(exec(), 2);
-        let copy = ShapedKey::catalog(ExecKey { op: ExecOp::Copy, ..exec() }, 2);
+        let reduce = ShapedKey::catalogs(&[exec()], 2).remove(0);
+        let copy = ShapedKey::catalogs(&[ExecKey { op: ExecOp::Copy, ..exec() }], 2).remove(0);
         let mut plans = 0;
         for collective in Collective::ALL {
             for counts in [[0u64, 7], [5, 0], [33, 1], [4099, 100_003], [1, 1]] {
