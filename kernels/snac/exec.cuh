@@ -126,16 +126,34 @@ __device__ __forceinline__ u8* window_packets(const Ctx& x, const u64* r, u64 c)
 
 // ------------------------------------------------------------------ packets
 
-// Loads up to kPayload bytes of a payload word (zero-padded past `bytes`).
+// Loads up to kPayload bytes of a payload word (zero-padded past `bytes`). A partial or
+// misaligned payload (a call's last elements, a buffer at an odd offset) takes the widest
+// aligned loads that fit (round 52: AllGather, ReduceScatter and AllToAll with 4 bytes per
+// rank, one partial payload, took 0.3 us more than with 32 bytes).
 __device__ __forceinline__ u64 load_payload(const u8* src, u64 bytes) {
   if (bytes >= kPayload && ((u64)src % kPayload) == 0) {
     return kPayload == 8 ? *(const u64*)src : (u64) * (const u32*)src;
   }
-  u64 v = 0;
-  for (u64 i = 0; i < bytes && i < kPayload; ++i) v |= (u64)src[i] << (8 * i);
+  const u64 n = bytes < kPayload ? bytes : kPayload;
+  u64 v = 0, i = 0;
+  if ((u64)src % 4 == 0) {
+#pragma unroll
+    for (u32 k = 0; k < kPayload / 4; ++k) {
+      if (i + 4 <= n) {
+        v |= (u64) * (const u32*)(src + i) << (8 * i);
+        i += 4;
+      }
+    }
+  }
+  if (i + 2 <= n && (u64)(src + i) % 2 == 0) {
+    v |= (u64) * (const unsigned short*)(src + i) << (8 * i);
+    i += 2;
+  }
+  for (; i < n; ++i) v |= (u64)src[i] << (8 * i);
   return v;
 }
 
+// Stores the first `bytes` (at most kPayload) bytes of a payload word, like load_payload.
 __device__ __forceinline__ void store_payload(u8* dst, u64 v, u64 bytes) {
   if (bytes >= kPayload && ((u64)dst % kPayload) == 0) {
     if (kPayload == 8) {
@@ -145,7 +163,22 @@ __device__ __forceinline__ void store_payload(u8* dst, u64 v, u64 bytes) {
     }
     return;
   }
-  for (u64 i = 0; i < bytes && i < kPayload; ++i) dst[i] = (u8)(v >> (8 * i));
+  const u64 n = bytes < kPayload ? bytes : kPayload;
+  u64 i = 0;
+  if ((u64)dst % 4 == 0) {
+#pragma unroll
+    for (u32 k = 0; k < kPayload / 4; ++k) {
+      if (i + 4 <= n) {
+        *(u32*)(dst + i) = (u32)(v >> (8 * i));
+        i += 4;
+      }
+    }
+  }
+  if (i + 2 <= n && (u64)(dst + i) % 2 == 0) {
+    *(unsigned short*)(dst + i) = (unsigned short)(v >> (8 * i));
+    i += 2;
+  }
+  for (; i < n; ++i) dst[i] = (u8)(v >> (8 * i));
 }
 
 __device__ __forceinline__ void put_packet(u8* packets, u64 i, u64 data, u64 flag) {
@@ -325,10 +358,11 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
 }  // namespace snac
 }  // namespace purlin
 
-// An executor module's two entry points, `NAME` (the full parameter block) and `NAME##_small`
-// (PURLIN_SMALL_PARAM_WORDS words, for the plans that fit: an eager launch uploads its whole
-// parameter block, and the large one cost 2.4 us per launch, round 49), both running
-// `RUN(words, runtime)`.
+// An executor module's three entry points, all running `RUN(words, runtime)`: `NAME` (the
+// full parameter block by value, what a CUDA graph captures), `NAME##_small`
+// (PURLIN_SMALL_PARAM_WORDS words by value, for the plans that fit) and `NAME##_global` (the
+// parameter block already in device memory: an eager launch uploads its by-value parameters
+// every time, and the full block cost 2.4 us more per launch than 8 bytes, round 49).
 #define PURLIN_EXEC_ENTRY_POINTS(NAME, RUN)                                                            \
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
       NAME(const __grid_constant__ purlin::snac::Runtime rt,                                           \
@@ -339,4 +373,9 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
       NAME##_small(const __grid_constant__ purlin::snac::Runtime rt,                                   \
                    const __grid_constant__ purlin::snac::ParamBlock<PURLIN_SMALL_PARAM_WORDS> params) { \
     RUN(params.w, &rt);                                                                                \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
+      NAME##_global(const __grid_constant__ purlin::snac::Runtime rt,                                  \
+                    const purlin::snac::u64* __restrict__ words) {                                     \
+    RUN(words, &rt);                                                                                   \
   }

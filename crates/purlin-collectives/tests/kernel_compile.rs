@@ -32,11 +32,11 @@ fn every_runtime_unit_compiles_to_cubin() {
         assert!(!k.from_cache, "{} came from a cache", unit.name);
         // An ELF image: CUBIN, not PTX.
         assert_eq!(&k.cubin[..4], b"\x7fELF", "{} for {arch} is not a CUBIN", unit.name);
-        // Both entry points the launcher looks up (exec_device.rs), by symbol name.
+        // Every entry point the launcher looks up (exec_device.rs), by symbol name.
         let entries: &[&[u8]] = if unit.name.starts_with("purlin_exec_") {
-            &[b"purlin_snac_exec\0", b"purlin_snac_exec_small\0"]
+            &[b"purlin_snac_exec\0", b"purlin_snac_exec_small\0", b"purlin_snac_exec_global\0"]
         } else if unit.name.starts_with("purlin_shaped_") {
-            &[b"purlin_snac_shaped\0", b"purlin_snac_shaped_small\0"]
+            &[b"purlin_snac_shaped\0", b"purlin_snac_shaped_small\0", b"purlin_snac_shaped_global\0"]
         } else {
             &[]
         };
