@@ -406,6 +406,10 @@ enum Backend {
 /// The set-up sequence shared by both process models (module docs).
 fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: Backend) -> Result<Comm, Error> {
     let (rank, world) = (host.rank(), host.world());
+    // Every rank sees the same world, so all fail alike, before any kernel is compiled.
+    if !purlin_snac::WORLD_RANGE.contains(&world) {
+        return Err(purlin_snac::SpecError::WorldOutOfRange { world: world.min(u32::MAX as usize) as u32 }.into());
+    }
     let ctx = stream.context().clone();
     let layout = WorkspaceLayout::new(config.workspace, world)?;
 

@@ -246,14 +246,11 @@ impl ShapedKey {
     /// The shaped kernels of every key in `keys` at `world` (each catalog derived once).
     pub fn catalogs(keys: &[ExecKey], world: u32) -> Vec<Self> {
         let [copy, reduce] = [false, true].map(|r| shape_catalog(world, r));
-        // A key whose catalog is empty has nothing to run (world 1's copies: every latency
-        // plan of one rank has empty blocks), and an empty catalog does not compile.
         keys.iter()
             .map(|k| {
                 let exec = k.normalized();
                 Self { exec, shapes: if exec.op == ExecOp::Copy { copy.clone() } else { reduce.clone() } }
             })
-            .filter(|k| !k.shapes.is_empty())
             .collect()
     }
 
@@ -427,18 +424,6 @@ mod tests {
         assert!(key.indices_for(&plan(Regime::Throughput, 2)).is_none());
         let other = ShapedKey { exec: exec(), shapes: vec![] };
         assert!(other.indices_for(&plan(Regime::Latency, 1)).is_none());
-    }
-
-    /// A world of one rank has no copy shapes (every block of its copies' latency plans is
-    /// empty): no shaped copy kernel is built, since an empty catalog does not compile; its
-    /// reductions keep theirs.
-    #[test]
-    fn a_world_of_one_builds_no_empty_catalog() {
-        let copy = ExecKey { op: ExecOp::Copy, ..exec() };
-        let keys = ShapedKey::catalogs(&[copy, exec()], 1);
-        assert!(keys.iter().all(|k| !k.shapes.is_empty()));
-        assert!(keys.iter().all(|k| k.exec.op != ExecOp::Copy), "{keys:?}");
-        assert_eq!(ShapedKey::catalogs(&[copy, exec()], 2).len(), 2);
     }
 
     /// Every latency plan the runtime derives at world 2 — any collective, size and block
