@@ -268,12 +268,13 @@ impl ShapedKey {
     pub fn shapes_macro(&self) -> String {
         let shape = |steps: &ShapeRecords| {
             let step = |(op, words): &(ShapeOp, u32)| {
+                use purlin_snac::params::opcode;
                 let (code, count, packets) = match *op {
-                    ShapeOp::PutPackets => (5, 0, false),
-                    ShapeOp::Gather { packets } => (3, 0, packets),
-                    ShapeOp::Reduce { srcs, packets } => (4, srcs, packets),
-                    ShapeOp::HandshakeSend => (9, 0, false),
-                    ShapeOp::HandshakeWait => (10, 0, false),
+                    ShapeOp::PutPackets => (opcode::PUT_PACKETS, 0, false),
+                    ShapeOp::Gather { packets } => (opcode::GATHER, 0, packets),
+                    ShapeOp::Reduce { srcs, packets } => (opcode::REDUCE, srcs, packets),
+                    ShapeOp::HandshakeSend => (opcode::HANDSHAKE_SEND, 0, false),
+                    ShapeOp::HandshakeWait => (opcode::HANDSHAKE_WAIT, 0, false),
                     // The catalog holds no other kind; an opcode the kernel rejects at compile time.
                     _ => (0, 0, false),
                 };

@@ -48,7 +48,7 @@ fn every_runtime_unit_compiles_to_cubin() {
 }
 
 #[test]
-fn the_parameter_header_matches_purlin_snac() {
+fn the_parameter_header_and_opcodes_match_purlin_snac() {
     nvrtc::load().expect("libnvrtc is required");
     // NVRTC has no offsetof; every field is a u64, so the layout is the field order: a
     // constant whose fields hold their Rust byte offset / 8, in the CUDA struct's order,
@@ -67,6 +67,9 @@ fn the_parameter_header_matches_purlin_snac() {
     asserts += &format!("static_assert(purlin::snac::kParamMagic == {}ull, \"magic\");\n", purlin_snac::params::MAGIC);
     asserts +=
         &format!("static_assert(purlin::snac::kParamVersion == {}ull, \"version\");\n", purlin_snac::params::VERSION);
+    for (name, code) in purlin_snac::params::OPCODES {
+        asserts += &format!("static_assert(purlin::snac::{name} == {code}, \"opcode {name}\");\n");
+    }
     let unit = purlin_atom::TranslationUnit {
         name: "params_layout".into(),
         source: asserts.clone(),
@@ -79,6 +82,11 @@ fn the_parameter_header_matches_purlin_snac() {
         purlin_atom::TranslationUnit { source: asserts.replace("probe.grid == 32", "probe.grid == 40"), ..unit };
     assert_ne!(broken.source, asserts, "the planted error must change the source");
     assert!(nvrtc::compile_cubin(&broken, Arch::SM90).is_err());
+    let wrong_opcode = asserts.replace("kLoop == 1,", "kLoop == 2,");
+    assert_ne!(wrong_opcode, asserts, "the planted opcode must change the source");
+    assert!(
+        nvrtc::compile_cubin(&purlin_atom::TranslationUnit { source: wrong_opcode, ..broken }, Arch::SM90).is_err()
+    );
 }
 
 #[test]

@@ -129,6 +129,45 @@ pub fn c_header() -> String {
     s
 }
 
+/// Step opcodes: the low byte of a record's first word (`enum Op` in
+/// kernels/snac/params.cuh, whose values a CI test checks against [`OPCODES`]).
+pub mod opcode {
+    /// A chunk loop over the records that follow.
+    pub const LOOP: u64 = 1;
+    /// A copy into staging (a share of it, when writers split one).
+    pub const STAGE: u64 = 2;
+    /// A copy to the output (from packets, when it waits for them).
+    pub const GATHER: u64 = 3;
+    /// An element-wise reduction of several sources.
+    pub const REDUCE: u64 = 4;
+    /// Flagged packets stored into a peer's window.
+    pub const PUT_PACKETS: u64 = 5;
+    /// A notification stored into a peer's flag word.
+    pub const SIGNAL: u64 = 6;
+    /// A wait until a flag word of this rank reaches a value.
+    pub const WAIT: u64 = 7;
+    /// An arrival on a counter; the last arrival notifies.
+    pub const ARRIVE: u64 = 8;
+    /// A packet carrying this rank's advance bound, stored into a peer's window.
+    pub const HANDSHAKE_SEND: u64 = 9;
+    /// A wait for a peer's advance-bound packet.
+    pub const HANDSHAKE_WAIT: u64 = 10;
+}
+
+/// Every opcode with its name in kernels/snac/params.cuh.
+pub const OPCODES: [(&str, u64); 10] = [
+    ("kLoop", opcode::LOOP),
+    ("kStage", opcode::STAGE),
+    ("kGather", opcode::GATHER),
+    ("kReduce", opcode::REDUCE),
+    ("kPutPackets", opcode::PUT_PACKETS),
+    ("kSignal", opcode::SIGNAL),
+    ("kWait", opcode::WAIT),
+    ("kArrive", opcode::ARRIVE),
+    ("kHandshakeSend", opcode::HANDSHAKE_SEND),
+    ("kHandshakeWait", opcode::HANDSHAKE_WAIT),
+];
+
 /// Role codes of the block table.
 pub fn role_code(r: Role) -> u64 {
     match r {
@@ -204,7 +243,7 @@ impl W {
         let (op, count) = match s {
             Step::ChunkLoop { trips, body } => {
                 self.0.push(*trips);
-                (1, body.len())
+                (opcode::LOOP, body.len())
             }
             Step::Stage { dst, src, len, guard, share } => {
                 self.guard(*guard);
@@ -215,7 +254,7 @@ impl W {
                 self.0.push(sh.piece);
                 self.idx(sh.ticket);
                 self.0.push(sh.writers as u64);
-                (2, 0)
+                (opcode::STAGE, 0)
             }
             Step::Gather { dst, src, len, expect, guard } => {
                 self.guard(*guard);
@@ -224,7 +263,7 @@ impl W {
                 self.len(*len);
                 self.0.push(expect.is_some() as u64);
                 self.val(expect.unwrap_or(EpochVal::at(0)));
-                (3, 0)
+                (opcode::GATHER, 0)
             }
             Step::Reduce { dst, srcs, len, expect, guard } => {
                 self.guard(*guard);
@@ -233,7 +272,7 @@ impl W {
                 self.0.push(expect.is_some() as u64);
                 self.val(expect.unwrap_or(EpochVal::at(0)));
                 srcs.iter().for_each(|r| self.region(*r));
-                (4, srcs.len())
+                (opcode::REDUCE, srcs.len())
             }
             Step::PutPackets { dst, src, len, flag, guard } => {
                 self.guard(*guard);
@@ -241,18 +280,18 @@ impl W {
                 self.region(*src);
                 self.len(*len);
                 self.val(*flag);
-                (5, 0)
+                (opcode::PUT_PACKETS, 0)
             }
             Step::Signal { notify, guard } => {
                 self.guard(*guard);
                 self.notify(notify);
-                (6, 0)
+                (opcode::SIGNAL, 0)
             }
             Step::Wait { flag, value, guard } => {
                 self.guard(*guard);
                 self.idx(*flag);
                 self.val(*value);
-                (7, 0)
+                (opcode::WAIT, 0)
             }
             Step::Arrive { counter, arrivals, then, guard, reset } => {
                 self.guard(*guard);
@@ -261,19 +300,19 @@ impl W {
                 then.iter().for_each(|n| self.notify(n));
                 self.0.push(reset.is_some() as u64);
                 self.idx(reset.unwrap_or(Index::fixed(0)));
-                (8, then.len())
+                (opcode::ARRIVE, then.len())
             }
             Step::HandshakeSend { peer, dst, flag } => {
                 self.0.push(*peer as u64);
                 self.off(*dst);
                 self.val(*flag);
-                (9, 0)
+                (opcode::HANDSHAKE_SEND, 0)
             }
             Step::HandshakeWait { peer, src, expect } => {
                 self.0.push(*peer as u64);
                 self.off(*src);
                 self.val(*expect);
-                (10, 0)
+                (opcode::HANDSHAKE_WAIT, 0)
             }
         };
         let words = (self.0.len() - start) as u64;
@@ -409,7 +448,7 @@ impl R<'_> {
         let tag = self.next()?;
         let (op, words, count) = (tag & 0xff, ((tag >> 8) & 0xffff) as usize, (tag >> 24) as usize);
         let s = match op {
-            1 if !in_loop => {
+            opcode::LOOP if !in_loop => {
                 let trips = self.next()?;
                 let end = self.at;
                 let body = (0..count).map(|_| self.step(true)).collect::<Result<Vec<_>, _>>()?;
@@ -418,42 +457,42 @@ impl R<'_> {
                 }
                 return Ok(Step::ChunkLoop { trips, body });
             }
-            2 => {
+            opcode::STAGE => {
                 let (guard, dst, src, len) = (self.guard()?, self.region()?, self.region()?, self.len()?);
                 let (piece, ticket, writers) = (self.next()?, self.idx()?, self.u32()?);
                 let share = (piece != 0).then_some(Share { ticket, writers, piece });
                 Step::Stage { dst, src, len, guard, share }
             }
-            3 => {
+            opcode::GATHER => {
                 let (guard, dst, src, len) = (self.guard()?, self.region()?, self.region()?, self.len()?);
                 let has = self.next()? != 0;
                 let v = self.val()?;
                 Step::Gather { dst, src, len, expect: has.then_some(v), guard }
             }
-            4 => {
+            opcode::REDUCE => {
                 let (guard, dst, len) = (self.guard()?, self.region()?, self.len()?);
                 let has = self.next()? != 0;
                 let v = self.val()?;
                 let srcs = (0..count).map(|_| self.region()).collect::<Result<Vec<_>, _>>()?;
                 Step::Reduce { dst, srcs, len, expect: has.then_some(v), guard }
             }
-            5 => Step::PutPackets {
+            opcode::PUT_PACKETS => Step::PutPackets {
                 guard: self.guard()?,
                 dst: self.region()?,
                 src: self.region()?,
                 len: self.len()?,
                 flag: self.val()?,
             },
-            6 => Step::Signal { guard: self.guard()?, notify: self.notify()? },
-            7 => Step::Wait { guard: self.guard()?, flag: self.idx()?, value: self.val()? },
-            8 => {
+            opcode::SIGNAL => Step::Signal { guard: self.guard()?, notify: self.notify()? },
+            opcode::WAIT => Step::Wait { guard: self.guard()?, flag: self.idx()?, value: self.val()? },
+            opcode::ARRIVE => {
                 let (guard, counter, arrivals) = (self.guard()?, self.idx()?, self.u32()?);
                 let then = (0..count).map(|_| self.notify()).collect::<Result<Vec<_>, _>>()?;
                 let (has_reset, ticket) = (self.next()? != 0, self.idx()?);
                 Step::Arrive { counter, arrivals, then, guard, reset: has_reset.then_some(ticket) }
             }
-            9 => Step::HandshakeSend { peer: self.u32()?, dst: self.off()?, flag: self.val()? },
-            10 => Step::HandshakeWait { peer: self.u32()?, src: self.off()?, expect: self.val()? },
+            opcode::HANDSHAKE_SEND => Step::HandshakeSend { peer: self.u32()?, dst: self.off()?, flag: self.val()? },
+            opcode::HANDSHAKE_WAIT => Step::HandshakeWait { peer: self.u32()?, src: self.off()?, expect: self.val()? },
             _ => return Err(self.err("unknown opcode")),
         };
         if self.at - start != words {
