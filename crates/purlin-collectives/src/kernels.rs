@@ -15,6 +15,8 @@ pub const PACKET_STRESS_CU: &str = include_str!("../../../kernels/snac/packet_st
 /// The latency-floor experiment (`examples/latency_floor.rs`): launch shapes and the least
 /// one-shot exchange, measured beside the executor.
 pub const LATENCY_FLOOR_CU: &str = include_str!("../../../kernels/snac/latency_floor.cu");
+/// The payload-alignment probe of the device smoke test.
+pub const PAYLOAD_PROBE_CU: &str = include_str!("../../../kernels/snac/payload_probe.cu");
 
 /// The CUDA side of the parameter block's header (checked against purlin-snac's layout).
 pub const PARAMS_CUH: &str = include_str!("../../../kernels/snac/params.cuh");
@@ -355,6 +357,18 @@ pub fn latency_floor_unit() -> TranslationUnit {
     }
 }
 
+/// The payload-alignment probe (`kernels/snac/payload_probe.cu`) for packets of
+/// `packet_bytes` (8 or 16), built with the executor's headers and options for `generation`.
+pub fn payload_probe_unit(generation: Generation, packet_bytes: u32) -> TranslationUnit {
+    let key = ExecKey { atom: AtomSpec::new(generation), dtype: DType::U32, op: ExecOp::Copy, packet_bytes };
+    TranslationUnit {
+        name: format!("purlin_payload_probe_{}_p{packet_bytes}", key.atom.label().to_lowercase()),
+        source: PAYLOAD_PROBE_CU.into(),
+        headers: key.headers(),
+        options: key.options(),
+    }
+}
+
 /// The translation units the CI compile checks and `cargo xtask gpu-round` build ahead for
 /// `generation`: the fixed kernels, the interpreter for every key, and the shaped executor at
 /// world 2 for its copy key and f32 sums. The shaped kernels of the other keys differ from
@@ -362,7 +376,13 @@ pub fn latency_floor_unit() -> TranslationUnit {
 /// interpreter (`exec.cuh`), which is compiled for every key; at ~4 s of NVRTC each they
 /// compile at a GPU's first set-up instead (cached on disk afterwards).
 pub fn all_units(generation: Generation) -> Vec<TranslationUnit> {
-    let mut units = vec![smoke_unit(), packet_stress_unit(), latency_floor_unit()];
+    let mut units = vec![
+        smoke_unit(),
+        packet_stress_unit(),
+        latency_floor_unit(),
+        payload_probe_unit(generation, 8),
+        payload_probe_unit(generation, 16),
+    ];
     let keys = executor_keys(AtomSpec::new(generation));
     units.extend(keys.iter().map(ExecKey::unit));
     let sampled: Vec<ExecKey> = keys

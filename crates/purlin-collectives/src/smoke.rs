@@ -289,3 +289,60 @@ pub fn packet_stress(cache: &KernelCache, pairs: u32, per_block: u32, rounds: u3
     }
     Ok(total)
 }
+
+/// Checks exec.cuh's packet payload loads and stores on GPU 0 with packets of
+/// `packet_bytes` (8 or 16): every payload length from 0 to a full payload, from and to
+/// every byte offset 0..7, against the bytes the host wrote. Returns the cases checked.
+pub fn payload_round_trip(cache: &KernelCache, packet_bytes: u32) -> Result<usize, SmokeError> {
+    const SLOT: usize = 32; // kSlot in payload_probe.cu
+    const POISON: u8 = 0xee;
+    if purlin_topo::device_count() < 1 {
+        return Err(SmokeError::NoDevice);
+    }
+    let ctx = CudaContext::new(0)?;
+    let (major, minor) = ctx.compute_capability()?;
+    let arch = Arch { major: major as u32, minor: minor as u32 };
+    let generation =
+        purlin_atom::Generation::for_arch(arch).map_err(|e| SmokeError::Wrong { device: 0, what: e.to_string() })?;
+    let compiled = cache.get_or_compile(&crate::kernels::payload_probe_unit(generation, packet_bytes), arch)?;
+    let module = ctx.load_module(Ptx::from_binary(compiled.cubin))?;
+    let probe = module.load_function("purlin_payload_probe")?;
+    let payload = packet_bytes as usize / 2;
+    let cases = 64 * (payload + 1);
+    // Distinct bytes from a fixed LCG, so a byte from the wrong place cannot match.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let src: Vec<u8> = (0..cases * SLOT)
+        .map(|_| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 56) as u8
+        })
+        .collect();
+    let stream = ctx.default_stream();
+    let src_dev = stream.clone_htod(&src)?;
+    let mut dst_dev = stream.clone_htod(&vec![POISON; cases * SLOT])?;
+    let mut launch = stream.launch_builder(&probe);
+    launch.arg(&src_dev).arg(&mut dst_dev);
+    let grid = LaunchConfig { grid_dim: (cases.div_ceil(64) as u32, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: the signature is (const u8*, u8*); both buffers hold `cases` slots of SLOT
+    // bytes, and thread t touches only bytes of slot t below offset 7 + payload <= SLOT.
+    unsafe { launch.launch(grid) }?;
+    let dst = stream.clone_dtoh(&dst_dev)?;
+    for t in 0..cases {
+        let (from, to, bytes) = (t % 8, t / 8 % 8, t / 64);
+        let slot = &dst[SLOT * t..SLOT * (t + 1)];
+        let want_at = |i: usize| {
+            if (to..to + bytes).contains(&i) { src[SLOT * t + from + i - to] } else { POISON }
+        };
+        if let Some(i) = (0..SLOT).find(|&i| slot[i] != want_at(i)) {
+            return Err(SmokeError::Wrong {
+                device: 0,
+                what: format!(
+                    "{packet_bytes}-byte packets: {bytes} payload bytes from offset {from} to offset {to}: byte {i} is {:#04x}, expected {:#04x}",
+                    slot[i],
+                    want_at(i)
+                ),
+            });
+        }
+    }
+    Ok(cases)
+}

@@ -43,3 +43,14 @@ fn sixteen_byte_packets_do_not_tear() {
     assert_eq!(r.packets, 2 * u64::from(pairs) * u64::from(per_block) * u64::from(rounds));
     assert_eq!(r.torn, 0, "torn 16-byte packets: the latency regime must use 8-byte packets");
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU; run with --ignored on the GPU machine"]
+fn packet_payloads_round_trip_at_every_length_and_offset() {
+    for packet_bytes in [8, 16] {
+        let cases = purlin_collectives::smoke::payload_round_trip(&KernelCache::default_location(), packet_bytes)
+            .unwrap_or_else(|e| panic!("{e}"));
+        println!("PAYLOADS {packet_bytes}-byte packets: {cases} (length, from, to) cases byte-exact");
+        assert_eq!(cases, 64 * (packet_bytes as usize / 2 + 1));
+    }
+}
