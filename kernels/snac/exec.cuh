@@ -358,11 +358,10 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
 }  // namespace snac
 }  // namespace purlin
 
-// An executor module's three entry points, all running `RUN(words, runtime)`: `NAME` (the
-// full parameter block by value, what a CUDA graph captures), `NAME##_small`
-// (PURLIN_SMALL_PARAM_WORDS words by value, for the plans that fit) and `NAME##_global` (the
-// parameter block already in device memory: an eager launch uploads its by-value parameters
-// every time, and the full block cost 2.4 us more per launch than 8 bytes, round 49).
+// An executor module's two entry points, `NAME` (the full parameter block) and `NAME##_small`
+// (PURLIN_SMALL_PARAM_WORDS words, for the plans that fit: an eager launch uploads its whole
+// parameter block, and the large one cost 2.4 us per launch, round 49), both running
+// `RUN(words, runtime)`.
 #define PURLIN_EXEC_ENTRY_POINTS(NAME, RUN)                                                            \
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
       NAME(const __grid_constant__ purlin::snac::Runtime rt,                                           \
@@ -373,9 +372,4 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
       NAME##_small(const __grid_constant__ purlin::snac::Runtime rt,                                   \
                    const __grid_constant__ purlin::snac::ParamBlock<PURLIN_SMALL_PARAM_WORDS> params) { \
     RUN(params.w, &rt);                                                                                \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
-      NAME##_global(const __grid_constant__ purlin::snac::Runtime rt,                                  \
-                    const purlin::snac::u64* __restrict__ words) {                                     \
-    RUN(words, &rt);                                                                                   \
   }

@@ -21,7 +21,7 @@ pub struct DeviceAlloc {
     pub bytes: usize,
 }
 
-pub(crate) fn alloc_zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceAlloc, Error> {
+fn alloc_zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceAlloc, Error> {
     ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
     let mut ptr = 0;
     // SAFETY: the context is current on this thread; the out-pointer is valid.
@@ -38,7 +38,7 @@ pub(crate) fn alloc_zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Devic
     Ok(a)
 }
 
-pub(crate) fn free(ctx: &Arc<CudaContext>, a: DeviceAlloc) {
+fn free(ctx: &Arc<CudaContext>, a: DeviceAlloc) {
     if ctx.bind_to_thread().is_ok() {
         // SAFETY: `a.ptr` came from cuMemAlloc in this context and is freed exactly once
         // (`DeviceAlloc` is moved in); callers synchronised the kernels that used it and

@@ -1,24 +1,20 @@
-//! The device executor's host side: loads the executor kernels (`kernels/snac/executor.cu`,
-//! `kernels/snac/shaped.cu`) for every key the runtime can request, and launches one per call
-//! with the call's pointers as a `__grid_constant__` kernel parameter and the plan's
-//! parameter block either by value (what a CUDA graph captures) or, for eager launches, as a
-//! pointer to its copy in device memory, uploaded at the plan's first eager launch
-//! ([`DEVICE_PARAMS_ENV`]): by-value parameters travel with every eager launch.
+//! The device executor's host side: loads the executor kernels (`kernels/snac/executor.cu`)
+//! for every key the runtime can request, and launches one per call with the plan's
+//! parameter block and the call's pointers as `__grid_constant__` kernel parameters.
 //!
-//! Launches are cooperative (unless [`COOPERATIVE_ENV`] is `0`): a grid that cannot be
-//! co-resident fails at launch instead of hanging (plans never exceed the co-residency bound
-//! agreed at set-up). No cudarc event is recorded by a launch (every argument is a plain
-//! value), so launches can be captured in CUDA graphs.
+//! Launches are cooperative: a grid that cannot be co-resident fails at launch instead of
+//! hanging (plans never exceed the co-residency bound agreed at set-up). No cudarc event is
+//! recorded by a launch (every argument is a plain value), so launches can be captured in
+//! CUDA graphs.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, sys};
 use cudarc::nvrtc::Ptx;
 use purlin_atom::{Arch, AtomSpec, DType, Generation, KernelCache};
 use purlin_snac::{PacketFormat, Plan, ReduceOp};
 
-use crate::device::DeviceAlloc;
 use crate::error::{Error, driver};
 use crate::host_exec::atom_dtype;
 use crate::kernels::{
@@ -94,7 +90,7 @@ pub enum ParamBlock {
 
 impl ParamBlock {
     /// The block for `words`; a plan longer than the largest block is unsupported.
-    fn new(words: &[u64]) -> Result<Self, Error> {
+    pub fn new(words: &[u64]) -> Result<Self, Error> {
         if words.len() <= EXEC_SMALL_PARAM_WORDS {
             Ok(Self::Small(ParamWords::boxed(words)))
         } else if words.len() <= EXEC_PARAM_WORDS {
@@ -108,134 +104,29 @@ impl ParamBlock {
     }
 }
 
-/// A plan made ready to launch ([`DeviceExecutor::params`]): its parameter block, whether
-/// the shaped executor runs it, and the block's copy in device memory once an eager launch
-/// made it.
+/// A plan made ready to launch ([`DeviceExecutor::params`]): its parameter block and
+/// whether the shaped executor runs it.
 #[derive(Debug)]
 pub struct ExecParams {
     block: ParamBlock,
-    /// The plan's parameter words (the block holds them zero-padded).
-    len: usize,
     shaped: bool,
-    /// Where the block's device copy lies (`None`: the arena had no room; it goes by value).
-    device: OnceLock<Option<u64>>,
 }
 
-impl ExecParams {
-    /// The plan's parameter words.
-    fn words(&self) -> &[u64] {
-        match &self.block {
-            ParamBlock::Small(p) => &p.words[..self.len],
-            ParamBlock::Full(p) => &p.words[..self.len],
-        }
-    }
-}
-
-/// Environment variable choosing which eager launches read their parameter block from
-/// device memory: `large` (the default: blocks too long for the small entry point), `all`,
-/// or `off` (every launch passes its block by value).
-pub const DEVICE_PARAMS_ENV: &str = "PURLIN_DEVICE_PARAMS";
-
-/// Environment variable that makes launches plain (`0`) instead of cooperative.
-pub const COOPERATIVE_ENV: &str = "PURLIN_COOPERATIVE";
-
-/// Which eager launches take their parameter block from device memory ([`DEVICE_PARAMS_ENV`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceParams {
-    /// None: every block goes by value.
-    Off,
-    /// Blocks longer than the small entry point's.
-    Large,
-    /// Every block.
-    All,
-}
-
-impl DeviceParams {
-    /// The policy [`DEVICE_PARAMS_ENV`] names (`large` when unset); a typed error for others.
-    pub fn from_env() -> Result<Self, Error> {
-        match std::env::var(DEVICE_PARAMS_ENV).as_deref() {
-            Err(_) | Ok("large") => Ok(Self::Large),
-            Ok("all") => Ok(Self::All),
-            Ok("off") => Ok(Self::Off),
-            Ok(other) => {
-                Err(Error::InvalidArgument(format!("{DEVICE_PARAMS_ENV}={other:?} (expected large, all or off)")))
-            }
-        }
-    }
-}
-
-/// Bytes of device memory per GPU for eager launches' parameter blocks: 135 full-size
-/// blocks; a plan that finds it full keeps passing its block by value.
-pub const PARAM_ARENA_BYTES: usize = 4 << 20;
-
-/// Device memory that holds prepared plans' parameter blocks, each uploaded once and never
-/// written again, so any number of launches in flight may read it.
-#[derive(Debug)]
-struct ParamArena {
-    ctx: Arc<CudaContext>,
-    alloc: Option<DeviceAlloc>,
-    used: Mutex<usize>,
-}
-
-impl ParamArena {
-    fn new(ctx: &Arc<CudaContext>) -> Result<Self, Error> {
-        let alloc = crate::device::alloc_zeroed(ctx, PARAM_ARENA_BYTES)?;
-        Ok(Self { ctx: ctx.clone(), alloc: Some(alloc), used: Mutex::new(0) })
-    }
-
-    /// Copies `words` into fresh arena space on `stream` (so launches after it on `stream`
-    /// see them); `None` where the arena has no room left.
-    fn upload(&self, stream: &CudaStream, words: &[u64]) -> Result<Option<u64>, Error> {
-        let Some(alloc) = &self.alloc else { return Ok(None) };
-        let bytes = std::mem::size_of_val(words);
-        let at = {
-            let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-            let at = used.next_multiple_of(256);
-            if at + bytes > alloc.bytes {
-                return Ok(None);
-            }
-            *used = at + bytes;
-            at
-        };
-        let dst = alloc.ptr + at as u64;
-        stream.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        // SAFETY: dst..dst + bytes lies inside this arena's live allocation, in a range no
-        // launch has been given yet; the source is a live host slice of `bytes` bytes, and a
-        // copy from pageable memory has read it before the call returns; the stream belongs
-        // to this arena's context (the executor's GPU).
-        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, words.as_ptr().cast(), bytes, stream.cu_stream()) }
-            .result()
-            .map_err(driver("cuMemcpyHtoDAsync"))?;
-        Ok(Some(dst))
-    }
-}
-
-impl Drop for ParamArena {
-    fn drop(&mut self) {
-        if let Some(alloc) = self.alloc.take() {
-            // cuMemFree waits for the device first, so no launch still reads the arena.
-            crate::device::free(&self.ctx, alloc);
-        }
-    }
-}
-
-/// One module's three entry points (same code): full-size and small parameter blocks by
-/// value, and the block in device memory.
+/// One module's two entry points (same code; full-size and small parameter blocks).
 #[derive(Debug)]
 struct EntryPoints {
     full: CudaFunction,
     small: CudaFunction,
-    global: CudaFunction,
     _module: Arc<CudaModule>,
 }
 
 impl EntryPoints {
-    /// Loads `NAME`, `NAME_small` and `NAME_global` from `module`, letting each use `smem`
-    /// bytes of dynamic shared memory; returns them with the lowest of their co-residency
-    /// bounds.
+    /// Loads `full` and `small` from `module`, letting each use `smem` bytes of dynamic shared
+    /// memory; returns them with the lower of their co-residency bounds.
     fn load(
         module: Arc<CudaModule>,
-        name: &str,
+        full: &str,
+        small: &str,
         atom: AtomSpec,
         smem: u32,
         sm_count: u32,
@@ -252,14 +143,9 @@ impl EntryPoints {
             }
             Ok(function)
         };
-        let entries = EntryPoints {
-            full: entry(name)?,
-            small: entry(&format!("{name}_small"))?,
-            global: entry(&format!("{name}_global"))?,
-            _module: module,
-        };
+        let entries = EntryPoints { full: entry(full)?, small: entry(small)?, _module: module };
         let mut bound = u32::MAX;
-        for function in [&entries.full, &entries.small, &entries.global] {
+        for function in [&entries.full, &entries.small] {
             bound = bound.min(crate::device::max_coresident_blocks(function, atom.threads(), smem as usize, sm_count)?);
         }
         Ok((entries, bound))
@@ -285,9 +171,6 @@ pub struct DeviceExecutor {
     /// The shaped executor per datapath key (none where `PURLIN_SHAPED=0`).
     shaped: HashMap<ExecKey, Shaped>,
     coresident_local: u32,
-    device_params: DeviceParams,
-    arena: ParamArena,
-    cooperative: bool,
 }
 
 fn exec_op(op: Option<ReduceOp>) -> ExecOp {
@@ -337,13 +220,21 @@ impl DeviceExecutor {
         let mut functions = HashMap::new();
         let mut bound = u32::MAX;
         for key in &keys {
-            let (entries, b) = EntryPoints::load(module()?, "purlin_snac_exec", atom, atom.smem_bytes(), sm_count)?;
+            let (entries, b) = EntryPoints::load(
+                module()?,
+                "purlin_snac_exec",
+                "purlin_snac_exec_small",
+                atom,
+                atom.smem_bytes(),
+                sm_count,
+            )?;
             bound = bound.min(b);
             functions.insert(*key, entries);
         }
         let mut shaped = HashMap::new();
         for key in shaped_keys {
-            let (entries, b) = EntryPoints::load(module()?, "purlin_snac_shaped", atom, 0, sm_count)?;
+            let (entries, b) =
+                EntryPoints::load(module()?, "purlin_snac_shaped", "purlin_snac_shaped_small", atom, 0, sm_count)?;
             // Plans are derived under the interpreter's bound; the shaped kernel needs fewer
             // resources, but were it ever to hold fewer blocks, the interpreter would run all.
             if b >= bound {
@@ -351,16 +242,7 @@ impl DeviceExecutor {
             }
         }
         let packet = if packet_bytes_for(generation) == 16 { PacketFormat::B16 } else { PacketFormat::B8 };
-        Ok(Self {
-            atom,
-            packet,
-            functions,
-            shaped,
-            coresident_local: bound,
-            device_params: DeviceParams::from_env()?,
-            arena: ParamArena::new(ctx)?,
-            cooperative: std::env::var(COOPERATIVE_ENV).map_or(true, |v| v != "0"),
-        })
+        Ok(Self { atom, packet, functions, shaped, coresident_local: bound })
     }
 
     /// The Atom build the kernels run.
@@ -420,38 +302,7 @@ impl DeviceExecutor {
                 *word = (*word & 0xffff_ffff) | (indices[own as usize] as u64) << 32;
             }
         }
-        Ok(ExecParams {
-            block: ParamBlock::new(&words)?,
-            len: words.len(),
-            shaped: indices.is_some(),
-            device: OnceLock::new(),
-        })
-    }
-
-    /// Where an eager launch on `stream` finds `params` in device memory (uploading them at
-    /// the plan's first such launch), or `None` where they go by value: the policy leaves
-    /// this block out, the arena is full, or `stream` is capturing a graph (the graph keeps
-    /// its parameters by value, and an upload cannot be captured).
-    fn device_words(&self, stream: &CudaStream, params: &ExecParams) -> Result<Option<u64>, Error> {
-        let wanted = match self.device_params {
-            DeviceParams::Off => false,
-            DeviceParams::Large => matches!(params.block, ParamBlock::Full(_)),
-            DeviceParams::All => true,
-        };
-        if !wanted {
-            return Ok(None);
-        }
-        let capturing = stream.capture_status().map_err(driver("cuStreamIsCapturing"))?;
-        if capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return Ok(None);
-        }
-        if let Some(at) = params.device.get() {
-            return Ok(*at);
-        }
-        // Two threads launching the same plan's first eager call at once may both upload;
-        // one copy wins and the other's arena space is left unused.
-        let at = self.arena.upload(stream, params.words())?;
-        Ok(*params.device.get_or_init(|| at))
+        Ok(ExecParams { block: ParamBlock::new(&words)?, shaped: indices.is_some() })
     }
 
     /// Launches `plan` (whose parameter words are `params`) on `stream`.
@@ -479,36 +330,28 @@ impl DeviceExecutor {
         };
         let cfg =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (self.atom.threads(), 1, 1), shared_mem_bytes: smem };
-        let device_words = self.device_words(stream, params)?;
-        let mut launch = match (&params.block, &device_words) {
-            (_, Some(at)) => {
-                let mut l = stream.launch_builder(&entries.global);
-                l.arg(rt).arg(at);
-                l
-            }
-            (ParamBlock::Small(words), None) => {
+        let mut launch = match &params.block {
+            ParamBlock::Small(words) => {
                 let mut l = stream.launch_builder(&entries.small);
                 l.arg(rt).arg(&**words);
                 l
             }
-            (ParamBlock::Full(words), None) => {
+            ParamBlock::Full(words) => {
                 let mut l = stream.launch_builder(&entries.full);
                 l.arg(rt).arg(&**words);
                 l
             }
         };
-        // SAFETY: the by-value entry points take (Runtime, ParamBlock<N>), which ExecRuntime
-        // and the ParamWords<N> of its variant mirror (N = EXEC_SMALL_PARAM_WORDS for
-        // `_small`, EXEC_PARAM_WORDS for the others, the -D options all are compiled with);
-        // `_global` takes (Runtime, const u64*), and `at` is this plan's words in the arena,
-        // uploaded earlier on this stream and never written again; a shaped kernel runs only
-        // plans whose every block shape it holds, at the catalog index `params` wrote into the
-        // block table, and needs no dynamic shared memory; the caller guarantees the addresses
-        // in `rt`; the grid is within the co-residency bound the plan was derived under (a
-        // cooperative launch also refuses a grid that cannot be co-resident, a plain one
-        // waits for room); every device wait is bounded by rt.timeout_ns.
-        let launched = unsafe { if self.cooperative { launch.launch_cooperative(cfg) } else { launch.launch(cfg) } };
-        launched.map_err(driver(if self.cooperative { "cuLaunchCooperativeKernel" } else { "cuLaunchKernel" }))?;
+        // SAFETY: every entry point's parameters are (Runtime, ParamBlock<N>), which
+        // ExecRuntime and the ParamWords<N> of its variant mirror (N = EXEC_SMALL_PARAM_WORDS
+        // for the `_small` entry points, EXEC_PARAM_WORDS for the others, the -D options all
+        // are compiled with); a shaped kernel runs only plans whose every block shape it holds, at
+        // the catalog index `params` wrote into the block table, and needs no dynamic shared
+        // memory; the caller guarantees the addresses in `rt`; the
+        // grid is within the co-residency bound the plan was derived under, and the
+        // cooperative launch refuses a grid that cannot be co-resident instead of hanging;
+        // every device wait is bounded by rt.timeout_ns.
+        unsafe { launch.launch_cooperative(cfg) }.map_err(driver("cuLaunchCooperativeKernel"))?;
         Ok(())
     }
 }
