@@ -4,7 +4,8 @@
 //! - `test`       set NVRTC up, then `cargo test --workspace` (the README's test command);
 //!   `test --full` also runs the host executor's full matrix (ignored by default: minutes)
 //! - `verify`     the SNAC verifier's tests; `verify --full` adds the larger exhaustive set
-//! - `gpu-round`  build everything a GPU round needs into ./gpu-round (see ARCHITECTURE.md)
+//! - `gpu-round`  build everything a GPU round needs into ./gpu-round (see ARCHITECTURE.md);
+//!   `gpu-round --lean` only what collective rounds use, to fit the device tool's 64 MiB
 //! - `bench`      the collectives benchmark (`purlin-bench`), Purlin beside NCCL (without a GPU:
 //!   Purlin's host executor alone, and it says so)
 
@@ -26,7 +27,7 @@ fn main() -> Result<()> {
         "cubin" => cubin(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--out DIR] | bench [bench args] | cubin FILTER [DIR]>"
+                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR]>"
             );
             if cmd == "help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
         }
@@ -121,16 +122,43 @@ fn bench(args: &[String]) -> Result<()> {
     run(&mut cmd)
 }
 
+/// Test executables a `--lean` round keeps: the collectives' GPU tests.
+const LEAN_TESTS: [&str; 7] = [
+    "comm_gpu",
+    "device_collectives",
+    "device_conformance",
+    "device_faults",
+    "device_sequences",
+    "device_smoke",
+    "nccl_drop_in",
+];
+
+/// Programs a `--lean` round keeps.
+const LEAN_PROGRAMS: [&str; 4] = ["purlin-bench", "quickstart", "latency_floor", "gate_timeline"];
+
+/// Bytes the device tool carries: the tracked tree and the round together.
+const CARRY_LIMIT: u64 = 64 << 20;
+
 /// Builds ./gpu-round: stripped test executables, the prebuilt sm_90 kernel cache, the
 /// calibration scripts and run.sh. On the GPU machine: `bash gpu-round/run.sh` (writes
 /// `round.tar.gz` into $OUT, or the directory given as its argument).
+///
+/// `--lean` keeps only the collectives' GPU tests and programs ([`LEAN_TESTS`],
+/// [`LEAN_PROGRAMS`]) and the runtime's kernels without the fp8 reductions (which compile on
+/// the GPU machine at a communicator's first set-up if a run needs them), and leaves out the
+/// calibration; a full round is over the device tool's 64 MiB.
 fn gpu_round(args: &[String]) -> Result<()> {
     let root = workspace_root();
-    let out = match args {
-        [flag, dir] if flag == "--out" => PathBuf::from(dir),
-        [] => root.join("gpu-round"),
-        _ => bail!("usage: cargo xtask gpu-round [--out DIR]"),
-    };
+    let mut out = root.join("gpu-round");
+    let mut lean = false;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--lean" => lean = true,
+            "--out" => out = PathBuf::from(rest.next().context("--out needs a directory")?),
+            _ => bail!("usage: cargo xtask gpu-round [--lean] [--out DIR]"),
+        }
+    }
     let nvrtc = ensure_nvrtc()?;
     // Start clean, but keep the kernel cache: its keys hash the sources and options, so a
     // CUBIN that is still there is still right, and recompiling all of them takes minutes.
@@ -175,6 +203,9 @@ fn gpu_round(args: &[String]) -> Result<()> {
             continue;
         }
         let target = msg["target"]["name"].as_str().unwrap_or("test");
+        if lean && !LEAN_TESTS.contains(&target) {
+            continue;
+        }
         let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
         let dest = bin.join(format!("{target}-{kind}"));
         std::fs::copy(exe, &dest).with_context(|| format!("copy {exe}"))?;
@@ -197,7 +228,7 @@ fn gpu_round(args: &[String]) -> Result<()> {
     for line in String::from_utf8_lossy(&json.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         let (Some(exe), Some(name)) = (msg["executable"].as_str(), msg["target"]["name"].as_str()) else { continue };
-        if msg["reason"] != "compiler-artifact" || name == "xtask" {
+        if msg["reason"] != "compiler-artifact" || name == "xtask" || (lean && !LEAN_PROGRAMS.contains(&name)) {
             continue;
         }
         let dest = out.join(name);
@@ -210,19 +241,22 @@ fn gpu_round(args: &[String]) -> Result<()> {
     let cache = purlin_atom::KernelCache::new(out.join("kernel-cache"));
     let mut jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
         .into_iter()
+        .filter(|unit| !lean || !(unit.name.contains("e4m3") || unit.name.contains("e5m2")))
         .map(|unit| (unit, purlin_atom::Arch::SM90))
         .collect();
-    // The executor on the generic Atom too (PURLIN_ATOM_GENERATION=generic measures it).
-    jobs.extend(
-        purlin_collectives::kernels::executor_keys(purlin_atom::AtomSpec::new(purlin_atom::Generation::Generic))
-            .iter()
-            .map(|k| (k.unit(), purlin_atom::Arch::SM90)),
-    );
-    // The Atom's standalone kernels of every generation selectable on Hopper (its GPU tests
-    // and atom_bench run them all).
-    for generation in purlin_atom::Generation::selectable_on(purlin_atom::Arch::SM90) {
-        for unit in purlin_atom::sources::standalone_units(&purlin_atom::AtomSpec::new(generation)) {
-            jobs.push((unit, purlin_atom::Arch::SM90));
+    if !lean {
+        // The executor on the generic Atom too (PURLIN_ATOM_GENERATION=generic measures it).
+        jobs.extend(
+            purlin_collectives::kernels::executor_keys(purlin_atom::AtomSpec::new(purlin_atom::Generation::Generic))
+                .iter()
+                .map(|k| (k.unit(), purlin_atom::Arch::SM90)),
+        );
+        // The Atom's standalone kernels of every generation selectable on Hopper (its GPU
+        // tests and atom_bench run them all).
+        for generation in purlin_atom::Generation::selectable_on(purlin_atom::Arch::SM90) {
+            for unit in purlin_atom::sources::standalone_units(&purlin_atom::AtomSpec::new(generation)) {
+                jobs.push((unit, purlin_atom::Arch::SM90));
+            }
         }
     }
     let compiled = compile_all(&cache, &nvrtc, &jobs)?;
@@ -237,7 +271,9 @@ fn gpu_round(args: &[String]) -> Result<()> {
     eprintln!("kernel cache: {} sm_90 kernels in {}", compiled.len(), cache.dir().display());
 
     let calibration = root.join("../shared/calibration");
-    if calibration.is_dir() {
+    if lean {
+        eprintln!("--lean: no calibration in the round");
+    } else if calibration.is_dir() {
         copy_dir(&calibration, &out.join("calibration"))?;
     } else {
         eprintln!("warning: {} not found; the round runs without calibration", calibration.display());
@@ -245,11 +281,35 @@ fn gpu_round(args: &[String]) -> Result<()> {
     std::fs::write(out.join("run.sh"), RUN_SH)?;
     std::fs::write(out.join("lane_sweep.sh"), LANE_SWEEP_SH)?;
     let size: u64 = walk(&out).iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
-    println!("gpu-round ready: {} ({copied} test executables, {:.1} MiB)", out.display(), size as f64 / 1048576.0);
-    if size > 60 << 20 {
-        bail!("the round is {size} bytes: over the 64 MiB the device tool carries");
+    let tracked = tracked_bytes(&root)?;
+    println!(
+        "gpu-round ready: {} ({copied} test executables, {:.1} MiB; with the tracked tree {:.1} MiB)",
+        out.display(),
+        size as f64 / 1048576.0,
+        (size + tracked) as f64 / 1048576.0
+    );
+    if size + tracked > CARRY_LIMIT {
+        bail!(
+            "the round ({size} bytes) and the tracked tree ({tracked} bytes) are over the {CARRY_LIMIT} bytes the device tool carries{}",
+            if lean { "" } else { ": try --lean" }
+        );
     }
     Ok(())
+}
+
+/// Bytes of the files git tracks under `root` (they travel with every device call).
+fn tracked_bytes(root: &Path) -> Result<u64> {
+    let listed = Command::new("git").args(["ls-files", "-z"]).current_dir(root).output().context("git ls-files")?;
+    if !listed.status.success() {
+        bail!("git ls-files failed");
+    }
+    Ok(listed
+        .stdout
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .filter_map(|p| root.join(String::from_utf8_lossy(p).as_ref()).metadata().ok())
+        .map(|m| m.len())
+        .sum())
 }
 
 /// Compiles the runtime's sm_90 units whose names contain FILTER into DIR (default
