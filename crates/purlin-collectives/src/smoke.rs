@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, DriverError, LaunchConfig, PushKernelArg, sys};
+use cudarc::driver::{CudaContext, CudaModule, DriverError, LaunchConfig, PushKernelArg, sys};
 use cudarc::nvrtc::Ptx;
-use purlin_atom::{Arch, KernelCache, NvrtcError};
+use purlin_atom::{Arch, KernelCache, NvrtcError, TranslationUnit};
 
 /// What can stop the smoke test.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +64,24 @@ fn fill_reference(i: u32, seed: u32) -> u32 {
     i.wrapping_mul(2_654_435_761) ^ seed
 }
 
+/// The compute capability of `ctx`'s GPU.
+fn arch_of(ctx: &Arc<CudaContext>) -> Result<Arch, SmokeError> {
+    let (major, minor) = ctx.compute_capability()?;
+    Ok(Arch { major: major as u32, minor: minor as u32 })
+}
+
+/// `unit` compiled for `arch` (through `cache`) and loaded on `ctx`; whether the CUBIN came
+/// from the cache.
+fn load_unit(
+    ctx: &Arc<CudaContext>,
+    cache: &KernelCache,
+    unit: &TranslationUnit,
+    arch: Arch,
+) -> Result<(Arc<CudaModule>, bool), SmokeError> {
+    let compiled = cache.get_or_compile(unit, arch)?;
+    Ok((ctx.load_module(Ptx::from_binary(compiled.cubin))?, compiled.from_cache))
+}
+
 /// Runs the smoke test on every visible GPU (the ping-pong on GPUs 0 and 1).
 pub fn run(cache: &KernelCache) -> Result<SmokeReport, SmokeError> {
     let count = purlin_topo::device_count();
@@ -76,10 +94,8 @@ pub fn run(cache: &KernelCache) -> Result<SmokeReport, SmokeError> {
     let mut devices = Vec::new();
     for ordinal in 0..count {
         let ctx = CudaContext::new(ordinal)?;
-        let (major, minor) = ctx.compute_capability()?;
-        let arch = Arch { major: major as u32, minor: minor as u32 };
-        let compiled = cache.get_or_compile(&unit, arch)?;
-        let module = ctx.load_module(Ptx::from_binary(compiled.cubin))?;
+        let arch = arch_of(&ctx)?;
+        let (module, from_cache) = load_unit(&ctx, cache, &unit, arch)?;
         let stream = ctx.default_stream();
         let fill = module.load_function("purlin_smoke_fill")?;
         let mut out = stream.alloc_zeros::<u32>(FILL_ELEMENTS as usize)?;
@@ -97,7 +113,7 @@ pub fn run(cache: &KernelCache) -> Result<SmokeReport, SmokeError> {
             ordinal,
             name: ctx.name()?,
             arch,
-            kernel_from_cache: compiled.from_cache,
+            kernel_from_cache: from_cache,
             elements_checked: FILL_ELEMENTS as usize,
         });
         contexts.push(ctx);
@@ -238,9 +254,7 @@ pub fn packet_stress(cache: &KernelCache, pairs: u32, per_block: u32, rounds: u3
     let mut acks = Vec::new();
     let mut functions = Vec::new();
     for ctx in &contexts {
-        let (major, minor) = ctx.compute_capability()?;
-        let compiled = cache.get_or_compile(&unit, Arch { major: major as u32, minor: minor as u32 })?;
-        let module = ctx.load_module(Ptx::from_binary(compiled.cubin))?;
+        let (module, _) = load_unit(ctx, cache, &unit, arch_of(ctx)?)?;
         functions.push(module.load_function("purlin_packet_stress")?);
         windows.push(RawBuffer::zeroed(ctx, window_bytes)?);
         acks.push(RawBuffer::zeroed(ctx, pairs as usize * 8)?);
@@ -300,12 +314,10 @@ pub fn payload_round_trip(cache: &KernelCache, packet_bytes: u32) -> Result<usiz
         return Err(SmokeError::NoDevice);
     }
     let ctx = CudaContext::new(0)?;
-    let (major, minor) = ctx.compute_capability()?;
-    let arch = Arch { major: major as u32, minor: minor as u32 };
+    let arch = arch_of(&ctx)?;
     let generation =
         purlin_atom::Generation::for_arch(arch).map_err(|e| SmokeError::Wrong { device: 0, what: e.to_string() })?;
-    let compiled = cache.get_or_compile(&crate::kernels::payload_probe_unit(generation, packet_bytes), arch)?;
-    let module = ctx.load_module(Ptx::from_binary(compiled.cubin))?;
+    let (module, _) = load_unit(&ctx, cache, &crate::kernels::payload_probe_unit(generation, packet_bytes), arch)?;
     let probe = module.load_function("purlin_payload_probe")?;
     let payload = packet_bytes as usize / 2;
     let cases = 64 * (payload + 1);

@@ -73,9 +73,8 @@ impl Default for Tuning {
         // with 4 MiB chunks × 16 + 16 blocks, 258 with 32 readers, 300 with 16 MiB chunks
         // (rounds 8–9); slots 2 → 4 changed nothing. Packets (latency regime) where the
         // window holds the call, up to 4 MiB per rank (2 MiB since round 53, below), with up
-        // to 64 blocks: AllReduce 1 MiB
-        // 14.6 µs against 20.1 with 16 blocks up to 1 MiB, AllGather 2 MiB 13.8 against 17.1
-        // staged (round 11); 4 KiB per block beat 16 KiB and 16 blocks from 8 KiB to 128 KiB
+        // to 64 blocks: AllReduce 1 MiB 14.6 µs against 20.1 with 16 blocks up to 1 MiB,
+        // AllGather 2 MiB 13.8 against 17.1 staged (round 11); 4 KiB per block beat 16 KiB and 16 blocks from 8 KiB to 128 KiB
         // (4.7 against 7.7 and 5.6 µs at 32 KiB, round 9); with the block cap lifted from a
         // quarter to half the co-resident bound, 64 blocks of 4 KiB gave AllReduce bf16 1 MiB
         // 11.99 µs against 15.8 with 32 and 12.3 with 66 (round 43). Lanes with fixed slices: 256 MiB
