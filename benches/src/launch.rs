@@ -156,15 +156,27 @@ pub fn launch(args: &Args) -> Result<Launched> {
         }
         Launcher::None | Launcher::Auto => {
             let world = args.world.unwrap_or(gpus);
-            if world > gpus {
-                bail!("--world {world}: only {gpus} GPUs are visible");
+            // PURLIN_SHARED_GPU=1: every rank on GPU 0 (CommConfig::shared_gpu), to check a
+            // build on a one-GPU machine; NCCL refuses ranks that share a GPU.
+            let shared = world > gpus && std::env::var("PURLIN_SHARED_GPU").is_ok_and(|v| v.trim() == "1");
+            if world > gpus && !shared {
+                bail!("--world {world}: only {gpus} GPUs are visible (PURLIN_SHARED_GPU=1 puts every rank on GPU 0)");
             }
-            let devs: Vec<Gpu> = (0..world).map(Gpu::open).collect::<Result<_>>()?;
+            if shared && args.config.backends.iter().any(|b| b.is_nccl()) {
+                bail!("PURLIN_SHARED_GPU=1: NCCL refuses ranks that share a GPU; pass --backends purlin");
+            }
+            if shared {
+                meta.notes.push(format!(
+                    "PURLIN_SHARED_GPU=1: all {world} ranks on GPU 0, sharing its SMs and memory; no NVLink figure"
+                ));
+            }
+            let ordinal = |rank: usize| if shared { 0 } else { rank };
+            let devs: Vec<Gpu> = (0..world).map(|rank| Gpu::open(ordinal(rank))).collect::<Result<_>>()?;
             meta.world = world;
             meta.gpus = devs.iter().map(|g| g.name.clone()).collect();
             let p0 = progress(true);
             // The calibration probe between GPUs 0 and 1, before any communicator exists.
-            if args.probe && world >= 2 {
+            if args.probe && world >= 2 && !shared {
                 match gpu::probe_copy_engine(&devs[0], &devs[1]) {
                     Ok(lines) => meta.limits = lines,
                     Err(e) => eprintln!("purlin-bench: calibration probe failed: {e:#}"),

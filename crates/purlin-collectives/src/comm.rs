@@ -57,6 +57,12 @@ pub struct CommConfig {
     pub device_timeout: Duration,
     /// How calls are planned ([`Tuning::from_env`] by default).
     pub tuning: Tuning,
+    /// Lets several ranks drive one GPU (`PURLIN_SHARED_GPU=1`), so the GPU tests can run on
+    /// a machine with one GPU. Off by default, as NCCL refuses it too: ranks on one GPU share
+    /// its SMs and memory bandwidth, so nothing measured that way says anything about
+    /// NVLink. Each rank's kernels then get its share of the co-resident blocks (they wait
+    /// on each other, so all of them must fit on the GPU at once).
+    pub shared_gpu: bool,
 }
 
 /// A kernel the communicator compiles, loads and bounds at set-up (see [`CommConfig::kernels`]).
@@ -103,15 +109,26 @@ impl Default for CommConfig {
             kernels: Vec::new(),
             device_timeout: DEFAULT_TIMEOUT,
             tuning: Tuning::default(),
+            shared_gpu: false,
         }
     }
 }
 
 impl CommConfig {
-    /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional) and the
-    /// workspace variables of [`WorkspaceConfig::from_env`].
+    /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional),
+    /// `PURLIN_SHARED_GPU` (`1` or `0`) and the workspace and tuning variables
+    /// ([`WorkspaceConfig::from_env`], [`Tuning::from_env`]).
     pub fn from_env() -> Result<Self, Error> {
         let mut c = Self { workspace: WorkspaceConfig::from_env()?, tuning: Tuning::from_env()?, ..Self::default() };
+        if let Ok(text) = std::env::var("PURLIN_SHARED_GPU") {
+            c.shared_gpu = match text.trim() {
+                "1" => true,
+                "0" | "" => false,
+                other => {
+                    return Err(Error::Env { var: "PURLIN_SHARED_GPU", problem: format!("{other:?} is not 0 or 1") });
+                }
+            };
+        }
         if let Ok(text) = std::env::var("PURLIN_TIMEOUT_S") {
             let secs: f64 = text
                 .trim()
@@ -358,25 +375,37 @@ fn decode_device(peer: usize, bytes: &[u8]) -> Result<Device, Error> {
     })
 }
 
-/// Local checks of the gathered devices: one generation, distinct GPUs, peer access from
-/// this GPU to every peer GPU this process can see.
-fn check_devices(rank: usize, devices: &[Device], ctx: &Arc<CudaContext>) -> Result<GenerationHint, Error> {
+/// Whether two device descriptions are the same GPU (UUIDs where known, else PCI bus ids).
+fn same_gpu(a: &Device, b: &Device) -> bool {
+    match (&a.uuid, &b.uuid) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.pci_bus_id == b.pci_bus_id,
+    }
+}
+
+/// Local checks of the gathered devices: one generation, distinct GPUs (unless
+/// `shared_gpu`), peer access from this GPU to every other GPU this process can see.
+fn check_devices(
+    rank: usize,
+    devices: &[Device],
+    ctx: &Arc<CudaContext>,
+    shared_gpu: bool,
+) -> Result<GenerationHint, Error> {
     let refs: Vec<&Device> = devices.iter().collect();
     let (_, generation) = purlin_topo::common_generation(&refs)?;
+    let me = &devices[rank];
     for (peer, d) in devices.iter().enumerate() {
         if peer == rank {
             continue;
         }
-        let me = &devices[rank];
-        let same = match (&d.uuid, &me.uuid) {
-            (Some(a), Some(b)) => a == b,
-            _ => d.pci_bus_id == me.pci_bus_id,
-        };
-        if same {
+        if same_gpu(d, me) {
+            if shared_gpu {
+                continue;
+            }
             return Err(Error::Mismatch {
                 rank,
                 peer,
-                what: format!("both ranks drive the same GPU ({})", d.pci_bus_id),
+                what: format!("both ranks drive the same GPU ({}; PURLIN_SHARED_GPU=1 allows it)", d.pci_bus_id),
             });
         }
         let Ok(bus) = std::ffi::CString::new(d.pci_bus_id.clone()) else { continue };
@@ -418,7 +447,9 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
     let gathered = host.all_gather(&encode_device(&device), "set-up: exchanging GPU descriptions")?;
     let devices: Vec<Device> =
         gathered.iter().enumerate().map(|(p, b)| decode_device(p, b)).collect::<Result<_, _>>()?;
-    let generation = agree(&host, check_devices(rank, &devices, &ctx), "set-up: checking the GPUs")?;
+    let generation = agree(&host, check_devices(rank, &devices, &ctx, config.shared_gpu), "set-up: checking the GPUs")?;
+    // Ranks sharing this GPU (only with `shared_gpu`) split its co-resident blocks.
+    let sharing = devices.iter().filter(|d| same_gpu(d, &device)).count().max(1) as u32;
 
     // Every rank must ask for the same kernels (else the bounds below would pair up wrongly).
     let wanted: Vec<String> = config.kernels.iter().map(KernelRequest::digest).collect();
@@ -457,6 +488,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
     let locals: Vec<u32> = std::iter::once(local_bound)
         .chain(extra.iter().map(|(_, k)| k.2))
         .chain(std::iter::once(exec.coresident_local()))
+        .map(|bound| (bound / sharing).max(1))
         .collect();
     let bytes: Vec<u8> = locals.iter().flat_map(|b| b.to_le_bytes()).collect();
     let all = host.all_gather(&bytes, "set-up: co-residency bounds")?;
@@ -542,7 +574,7 @@ impl Comm {
         }
         let contexts: Vec<Arc<CudaContext>> = streams.iter().map(|s| s.context().clone()).collect();
         for (i, c) in contexts.iter().enumerate() {
-            if contexts[..i].iter().any(|o| o.ordinal() == c.ordinal()) {
+            if !config.shared_gpu && contexts[..i].iter().any(|o| o.ordinal() == c.ordinal()) {
                 return Err(purlin_topo::TopoError::DuplicateDevice { ordinal: c.ordinal() }.into());
             }
         }

@@ -247,7 +247,7 @@ fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu(
             timeout: Duration::from_secs(60),
             device_timeout: Duration::from_secs(10),
             tuning: case.tuning,
-            ..CommConfig::default()
+            ..gpu_support::base_config()
         };
         let comms = Comm::from_devices_with_config(streams.clone(), cfg).expect("set-up");
         let plans: Vec<Plan> = comms.iter().map(|c| case.call.plan(c)).collect();

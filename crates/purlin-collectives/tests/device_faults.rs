@@ -41,7 +41,7 @@ const CHILD_LIMIT: Duration = Duration::from_secs(150);
 const CLOSE_LIMIT: Duration = Duration::from_secs(10);
 
 fn fault_config() -> CommConfig {
-    CommConfig { timeout: HOST_TIMEOUT, device_timeout: DEVICE_TIMEOUT, ..CommConfig::default() }
+    CommConfig { timeout: HOST_TIMEOUT, device_timeout: DEVICE_TIMEOUT, ..gpu_support::base_config() }
 }
 
 /// Mixed collectives, latency- and throughput-size.
@@ -113,7 +113,8 @@ fn check_later_call(checks: &mut Checks, c: &Comm, b: &Bufs, slot: usize) {
 
 fn eager_skip_rank(rank: usize, id: Id, seed: u64) {
     let mut checks = Checks::new(if rank == 0 { "eager/rank 0" } else { "eager/rank 1" });
-    let c = Comm::from_rank_with_config(stream(rank), rank, 2, id, fault_config()).expect("from_rank");
+    let c = Comm::from_rank_with_config(stream(gpu_support::rank_ordinal(rank)), rank, 2, id, fault_config())
+        .expect("from_rank");
     let calls = fault_calls();
     let mut bufs: Vec<Bufs> = calls.iter().map(|&k| Bufs::for_rank(&c, k)).collect();
     for (i, b) in bufs.iter_mut().enumerate() {

@@ -1,4 +1,5 @@
-//! Sequences of collectives on 2 GPUs (one process, `Comm::from_devices`), every output
+//! Sequences of collectives on 2 ranks (2 GPUs, or one under `PURLIN_SHARED_GPU=1`; one
+//! process, `Comm::from_devices`), every output
 //! checked against an independent host reference (gpu_support: fresh random small integers,
 //! poisoned outputs, exact comparison):
 //!
@@ -36,7 +37,7 @@ fn config(tuning: Tuning) -> CommConfig {
         timeout: Duration::from_secs(60),
         device_timeout: Duration::from_secs(20),
         tuning,
-        ..CommConfig::default()
+        ..gpu_support::base_config()
     }
 }
 
@@ -123,7 +124,7 @@ fn graph_of_mixed_collectives_replays_with_fresh_inputs() {
         c.async_error().expect("no device error after the replays");
     }
     println!(
-        "EXEC graph: {REPLAYS} replays of {} calls on {} GPUs in {:?} (seed {seed}): {} wrong outputs",
+        "EXEC graph: {REPLAYS} replays of {} calls on {} ranks in {:?} (seed {seed}): {} wrong outputs",
         calls.len(),
         comms.len(),
         t.elapsed(),

@@ -18,17 +18,29 @@ use std::time::Duration;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use purlin_collectives::comm::{NcclType, Status};
-use purlin_collectives::{Comm, Error, ReduceOp};
+use purlin_collectives::{Comm, CommConfig, Error, ReduceOp};
 use purlin_snac::CollectiveSpec;
 
 /// The world these tests run at.
 pub const WORLD: usize = 2;
 
-/// Fails (never skips) where the machine lacks two GPUs: these tests run on the GPU round.
+/// `PURLIN_SHARED_GPU=1`: every rank drives GPU 0 ([`CommConfig::shared_gpu`]), so these
+/// tests check correctness on a machine with one GPU (their timings mean nothing there).
+pub fn shared_gpu() -> bool {
+    std::env::var("PURLIN_SHARED_GPU").is_ok_and(|v| v.trim() == "1")
+}
+
+/// The GPU rank `rank` drives: its own, or GPU 0 for every rank under [`shared_gpu`].
+pub fn rank_ordinal(rank: usize) -> usize {
+    if shared_gpu() { 0 } else { rank }
+}
+
+/// Fails (never skips) where the machine lacks the GPUs: these tests run on the GPU round.
 pub fn need_two_gpus() {
     assert!(purlin_topo::driver_present(), "needs a CUDA driver");
     let n = purlin_topo::device_count();
-    assert!(n >= WORLD, "needs {WORLD} GPUs, found {n}");
+    let needed = if shared_gpu() { 1 } else { WORLD };
+    assert!(n >= needed, "needs {needed} GPUs, found {n}");
 }
 
 /// A stream on GPU `ordinal`, in a context made the ordinary way: cudarc's default event
@@ -39,10 +51,10 @@ pub fn stream(ordinal: usize) -> Arc<CudaStream> {
     ctx.new_stream().expect("stream")
 }
 
-/// One stream per GPU of the test's world.
+/// One stream per rank of the test's world.
 pub fn streams() -> Vec<Arc<CudaStream>> {
     need_two_gpus();
-    (0..WORLD).map(stream).collect()
+    (0..WORLD).map(|rank| stream(rank_ordinal(rank))).collect()
 }
 
 /// A seed that differs from run to run (printed by the tests, so a failure reproduces).
@@ -613,4 +625,9 @@ pub fn capture(comm: &Comm, bufs: &[Bufs]) -> CudaGraph {
         }
     }
     graph.unwrap_or_else(|e| panic!("rank {}: end capture: {e}", comm.rank())).expect("the capture made a graph")
+}
+
+/// The settings every test's communicator starts from: defaults, with [`shared_gpu`].
+pub fn base_config() -> CommConfig {
+    CommConfig { shared_gpu: shared_gpu(), ..CommConfig::default() }
 }
