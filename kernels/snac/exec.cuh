@@ -23,9 +23,6 @@
 #ifndef PURLIN_PARAM_WORDS
 #define PURLIN_PARAM_WORDS 3968
 #endif
-#ifndef PURLIN_SMALL_PARAM_WORDS
-#define PURLIN_SMALL_PARAM_WORDS 512
-#endif
 
 namespace purlin {
 namespace snac {
@@ -358,10 +355,15 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
 }  // namespace snac
 }  // namespace purlin
 
-// An executor module's two entry points, `NAME` (the full parameter block) and `NAME##_small`
-// (PURLIN_SMALL_PARAM_WORDS words, for the plans that fit: an eager launch uploads its whole
-// parameter block, and the large one cost 2.4 us per launch, round 49), both running
-// `RUN(words, runtime)`.
+// An executor module's two entry points, both running `RUN(words, runtime)`:
+// - `NAME`: the full parameter block by value, for CUDA graphs (the graph keeps it, and in a
+//   graph its size costs nothing, round 19);
+// - `NAME##_global`: the block in device memory, uploaded once per prepared plan, for eager
+//   launches of calls up to 1 MiB, which otherwise upload the whole block at every launch
+//   (31 KiB: 2.4 us per launch, round 49; a 4 KiB by-value block measured 0.4 us slower
+//   than device memory, round 55). Records read from device memory make the kernel itself
+//   slower, so longer calls, whose launches hide behind the kernel, keep the block by value
+//   (rounds 55-57, tuning.rs).
 #define PURLIN_EXEC_ENTRY_POINTS(NAME, RUN)                                                            \
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
       NAME(const __grid_constant__ purlin::snac::Runtime rt,                                           \
@@ -369,7 +371,7 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
     RUN(params.w, &rt);                                                                                \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
-      NAME##_small(const __grid_constant__ purlin::snac::Runtime rt,                                   \
-                   const __grid_constant__ purlin::snac::ParamBlock<PURLIN_SMALL_PARAM_WORDS> params) { \
-    RUN(params.w, &rt);                                                                                \
+      NAME##_global(const __grid_constant__ purlin::snac::Runtime rt,                                  \
+                    const purlin::snac::u64* __restrict__ words) {                                     \
+    RUN(words, &rt);                                                                                   \
   }

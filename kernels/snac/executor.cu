@@ -1,13 +1,14 @@
 // The device executor: one kernel per call that runs a SNAC plan (crates/purlin-snac, the
 // plan contract in its crate docs) on one rank. Block b interprets its program from the
-// parameter block, a __grid_constant__ kernel parameter (reads through the constant cache:
-// measured at ~70 ns per dependent word, round 20). Data moves through the Atom (atom.cuh);
+// parameter block: a __grid_constant__ kernel parameter (reads through the constant cache:
+// measured at ~70 ns per dependent word, round 20) in CUDA graphs, device memory for eager
+// launches (exec.cuh, PURLIN_EXEC_ENTRY_POINTS). Data moves through the Atom (atom.cuh);
 // every memory-ordering operation is a call into sync.cuh.
 //
 // Compile-time part (the kernel key, as -D options): PURLIN_T (an Atom element type),
 // PURLIN_OP (an Atom reduce operator), PURLIN_AVG (sum then divide by world),
-// PURLIN_PACKET (8 or 16 bytes per packet), PURLIN_PARAM_WORDS and PURLIN_SMALL_PARAM_WORDS
-// (capacities of the parameter block of the two entry points). Everything else is run time.
+// PURLIN_PACKET (8 or 16 bytes per packet), PURLIN_PARAM_WORDS (the by-value parameter
+// block's capacity). Everything else is run time.
 #include "exec.cuh"
 
 namespace purlin {

@@ -1057,7 +1057,8 @@ impl Comm {
         let plan = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
         self.layout.check_resources(&plan.resources)?;
         self.exec.check_supported(&plan)?;
-        let params = self.exec.params(&plan)?;
+        let call_bytes = plan.spec.input_bytes(plan.rank).max(plan.spec.output_bytes(plan.rank));
+        let params = self.exec.params(&plan, call_bytes <= self.tuning.device_params_max_bytes)?;
         let prepared = Arc::new(PreparedPlan { plan, params });
         self.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(key, prepared.clone());
         Ok(prepared)

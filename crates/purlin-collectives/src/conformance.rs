@@ -192,7 +192,7 @@ impl Comm {
         self.check_device(output)?;
         self.exec.check_supported(plan)?;
         let words = purlin_snac::params::encode(plan);
-        let params = self.exec.params(plan)?;
+        let params = self.exec.params(plan, false)?;
         let steps = step_offsets(plan, &words)?;
         let most = trace_entries_per_block(plan).into_iter().max().unwrap_or(0);
         let capacity = usize::try_from(most.saturating_add(1)).unwrap_or(usize::MAX);

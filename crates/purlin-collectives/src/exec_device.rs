@@ -1,6 +1,10 @@
 //! The device executor's host side: loads the executor kernels (`kernels/snac/executor.cu`)
-//! for every key the runtime can request, and launches one per call with the plan's
-//! parameter block and the call's pointers as `__grid_constant__` kernel parameters.
+//! for every key the runtime can request, and launches one per call with the call's pointers
+//! as a `__grid_constant__` kernel parameter and the plan's parameter block: by value where
+//! the launch is captured into a CUDA graph (the graph keeps it), else in device memory,
+//! uploaded at the plan's first eager launch, for calls up to
+//! `Tuning::device_params_max_bytes` (an eager launch would otherwise upload the whole
+//! 31 KiB block every time: 2.4 µs per launch, round 49).
 //!
 //! Launches are cooperative: a grid that cannot be co-resident fails at launch instead of
 //! hanging (plans never exceed the co-residency bound agreed at set-up). No cudarc event is
@@ -8,7 +12,7 @@
 //! CUDA graphs.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, sys};
 use cudarc::nvrtc::Ptx;
@@ -18,8 +22,7 @@ use purlin_snac::{PacketFormat, Plan, ReduceOp};
 use crate::error::{Error, driver};
 use crate::host_exec::atom_dtype;
 use crate::kernels::{
-    EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, EXEC_SMALL_PARAM_WORDS, ExecKey, ExecOp, ShapedKey, executor_keys,
-    packet_bytes_for,
+    EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, ExecKey, ExecOp, ShapedKey, executor_keys, packet_bytes_for,
 };
 
 /// Ranks the executor's `Runtime` has room for.
@@ -59,74 +62,74 @@ const _: () = assert!(std::mem::size_of::<ExecRuntime>() == EXEC_RUNTIME_BYTES);
 // `Runtime` parameter field for field (size checked above, offsets by the order).
 unsafe impl DeviceRepr for ExecRuntime {}
 
-/// A parameter block of `N` words, passed by value (the kernel's `ParamBlock<N>`).
+/// The plan's parameter block, passed by value (the kernel's `ParamBlock<PURLIN_PARAM_WORDS>`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct ParamWords<const N: usize> {
+pub struct ParamWords {
     /// The plan's words (purlin_snac::params), zero-padded.
-    pub words: [u64; N],
+    pub words: [u64; EXEC_PARAM_WORDS],
 }
 
-// SAFETY: a #[repr(C)] array of u64s, the layout of the kernel's `ParamBlock<N>`.
-unsafe impl<const N: usize> DeviceRepr for ParamWords<N> {}
+// SAFETY: a #[repr(C)] array of u64s, the layout of the kernel's `ParamBlock<N>` for
+// N = EXEC_PARAM_WORDS, the -D option every executor module is compiled with.
+unsafe impl DeviceRepr for ParamWords {}
 
-impl<const N: usize> ParamWords<N> {
-    fn boxed(words: &[u64]) -> Box<Self> {
-        let mut p = Box::new(Self { words: [0; N] });
-        p.words[..words.len()].copy_from_slice(words);
-        p
-    }
-}
-
-/// A plan's parameter block, in the smaller of the executor's two entry points that holds
-/// it: every eager launch uploads its whole parameter block (`EXEC_SMALL_PARAM_WORDS`).
-#[derive(Debug, Clone)]
-pub enum ParamBlock {
-    /// For the `_small` entry points.
-    Small(Box<ParamWords<EXEC_SMALL_PARAM_WORDS>>),
-    /// For the full-size entry points.
-    Full(Box<ParamWords<EXEC_PARAM_WORDS>>),
-}
-
-impl ParamBlock {
-    /// The block for `words`; a plan longer than the largest block is unsupported.
-    pub fn new(words: &[u64]) -> Result<Self, Error> {
-        if words.len() <= EXEC_SMALL_PARAM_WORDS {
-            Ok(Self::Small(ParamWords::boxed(words)))
-        } else if words.len() <= EXEC_PARAM_WORDS {
-            Ok(Self::Full(ParamWords::boxed(words)))
-        } else {
-            Err(Error::Unsupported(format!(
+impl ParamWords {
+    /// The block for `words`; a plan longer than the block is unsupported.
+    pub fn new(words: &[u64]) -> Result<Box<Self>, Error> {
+        if words.len() > EXEC_PARAM_WORDS {
+            return Err(Error::Unsupported(format!(
                 "a plan of {} parameter words (the executor takes {EXEC_PARAM_WORDS})",
                 words.len()
-            )))
+            )));
         }
+        let mut p = Box::new(Self { words: [0; EXEC_PARAM_WORDS] });
+        p.words[..words.len()].copy_from_slice(words);
+        Ok(p)
     }
 }
 
-/// A plan made ready to launch ([`DeviceExecutor::params`]): its parameter block and
-/// whether the shaped executor runs it.
+/// A plan made ready to launch ([`DeviceExecutor::params`]): its parameter block, whether
+/// the shaped executor runs it, and the block's copy in device memory once an eager launch
+/// has uploaded it.
+///
+/// The copy is uploaded on the stream of the plan's first eager launch, so one `ExecParams`
+/// is launched on one stream (a `Comm` launches on its own).
 #[derive(Debug)]
 pub struct ExecParams {
-    block: ParamBlock,
+    block: Box<ParamWords>,
+    /// The plan's words (the block's unpadded prefix).
+    len: usize,
     shaped: bool,
+    /// Whether eager launches read the block from device memory.
+    eager_from_device: bool,
+    /// Where the block was uploaded (`None`: the arena was full, launches pass it by value).
+    device: OnceLock<Option<u64>>,
 }
 
-/// One module's two entry points (same code; full-size and small parameter blocks).
+impl ExecParams {
+    /// The plan's parameter words.
+    fn words(&self) -> &[u64] {
+        &self.block.words[..self.len]
+    }
+}
+
+/// One module's two entry points (same code; the parameter block by value, or in device
+/// memory).
 #[derive(Debug)]
 struct EntryPoints {
-    full: CudaFunction,
-    small: CudaFunction,
+    by_value: CudaFunction,
+    global: CudaFunction,
     _module: Arc<CudaModule>,
 }
 
 impl EntryPoints {
-    /// Loads `full` and `small` from `module`, letting each use `smem` bytes of dynamic shared
-    /// memory; returns them with the lower of their co-residency bounds.
+    /// Loads the entry points `NAME` and `NAME_global` from `module`, letting each use `smem`
+    /// bytes of dynamic shared memory; returns them with the lower of their co-residency
+    /// bounds.
     fn load(
         module: Arc<CudaModule>,
-        full: &str,
-        small: &str,
+        name: &str,
         atom: AtomSpec,
         smem: u32,
         sm_count: u32,
@@ -143,12 +146,64 @@ impl EntryPoints {
             }
             Ok(function)
         };
-        let entries = EntryPoints { full: entry(full)?, small: entry(small)?, _module: module };
+        let entries =
+            EntryPoints { by_value: entry(name)?, global: entry(&format!("{name}_global"))?, _module: module };
         let mut bound = u32::MAX;
-        for function in [&entries.full, &entries.small] {
+        for function in [&entries.by_value, &entries.global] {
             bound = bound.min(crate::device::max_coresident_blocks(function, atom.threads(), smem as usize, sm_count)?);
         }
         Ok((entries, bound))
+    }
+}
+
+/// Environment variable that turns cooperative launches off (`0`), for A/B runs.
+pub const COOPERATIVE_ENV: &str = "PURLIN_COOPERATIVE";
+
+/// Device memory holding uploaded parameter blocks: handed out front to back, never
+/// rewritten (a prepared plan keeps its block for the communicator's life), freed with the
+/// executor. When full, later plans pass their blocks by value.
+#[derive(Debug)]
+struct ParamArena {
+    ctx: Arc<CudaContext>,
+    base: sys::CUdeviceptr,
+    bytes: usize,
+    used: Mutex<usize>,
+}
+
+/// Bytes of each GPU's parameter arena: room for 130 full-size blocks, or thousands of
+/// small ones (a latency plan takes 100-600 words).
+const PARAM_ARENA_BYTES: usize = 4 << 20;
+
+impl ParamArena {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self, Error> {
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let mut base = 0;
+        // SAFETY: the context is current on this thread; the out-pointer is valid.
+        unsafe { sys::cuMemAlloc_v2(&mut base, PARAM_ARENA_BYTES) }.result().map_err(driver("cuMemAlloc"))?;
+        Ok(Self { ctx: ctx.clone(), base, bytes: PARAM_ARENA_BYTES, used: Mutex::new(0) })
+    }
+
+    /// Room for `bytes`, 128-byte aligned (a block's first words share no cache line with
+    /// another block's), or `None` when the arena is full.
+    fn take(&self, bytes: usize) -> Option<u64> {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let at = used.next_multiple_of(128);
+        if at + bytes > self.bytes {
+            return None;
+        }
+        *used = at + bytes;
+        Some(self.base + at as u64)
+    }
+}
+
+impl Drop for ParamArena {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `base` came from cuMemAlloc in this context and is freed once; the
+            // executor is dropped with its communicator, whose teardown synchronised the
+            // kernels that read the arena (and cuMemFree waits for the device besides).
+            let _ = unsafe { sys::cuMemFree_v2(self.base) };
+        }
     }
 }
 
@@ -171,6 +226,9 @@ pub struct DeviceExecutor {
     /// The shaped executor per datapath key (none where `PURLIN_SHAPED=0`).
     shaped: HashMap<ExecKey, Shaped>,
     coresident_local: u32,
+    /// Where eager launches' parameter blocks go.
+    arena: ParamArena,
+    cooperative: bool,
 }
 
 fn exec_op(op: Option<ReduceOp>) -> ExecOp {
@@ -220,21 +278,13 @@ impl DeviceExecutor {
         let mut functions = HashMap::new();
         let mut bound = u32::MAX;
         for key in &keys {
-            let (entries, b) = EntryPoints::load(
-                module()?,
-                "purlin_snac_exec",
-                "purlin_snac_exec_small",
-                atom,
-                atom.smem_bytes(),
-                sm_count,
-            )?;
+            let (entries, b) = EntryPoints::load(module()?, "purlin_snac_exec", atom, atom.smem_bytes(), sm_count)?;
             bound = bound.min(b);
             functions.insert(*key, entries);
         }
         let mut shaped = HashMap::new();
         for key in shaped_keys {
-            let (entries, b) =
-                EntryPoints::load(module()?, "purlin_snac_shaped", "purlin_snac_shaped_small", atom, 0, sm_count)?;
+            let (entries, b) = EntryPoints::load(module()?, "purlin_snac_shaped", atom, 0, sm_count)?;
             // Plans are derived under the interpreter's bound; the shaped kernel needs fewer
             // resources, but were it ever to hold fewer blocks, the interpreter would run all.
             if b >= bound {
@@ -242,7 +292,9 @@ impl DeviceExecutor {
             }
         }
         let packet = if packet_bytes_for(generation) == 16 { PacketFormat::B16 } else { PacketFormat::B8 };
-        Ok(Self { atom, packet, functions, shaped, coresident_local: bound })
+        let arena = ParamArena::new(ctx)?;
+        let cooperative = std::env::var(COOPERATIVE_ENV).map_or(true, |v| v.trim() != "0");
+        Ok(Self { atom, packet, functions, shaped, coresident_local: bound, arena, cooperative })
     }
 
     /// The Atom build the kernels run.
@@ -289,8 +341,9 @@ impl DeviceExecutor {
 
     /// Makes `plan` ready to launch: its parameter block and, where the shaped executor runs
     /// it, each block's catalog index in the block table (the plan's own shape indices, which
-    /// the interpreter ignores, are replaced).
-    pub fn params(&self, plan: &Plan) -> Result<ExecParams, Error> {
+    /// the interpreter ignores, are replaced). `eager_from_device`: eager launches read the
+    /// block from device memory (graphs always take it by value).
+    pub fn params(&self, plan: &Plan, eager_from_device: bool) -> Result<ExecParams, Error> {
         let mut words = purlin_snac::params::encode(plan);
         let shaped = self.shaped.get(&self.exec_key(plan)?);
         let indices = shaped.and_then(|s| s.key.indices_for(plan));
@@ -302,7 +355,13 @@ impl DeviceExecutor {
                 *word = (*word & 0xffff_ffff) | (indices[own as usize] as u64) << 32;
             }
         }
-        Ok(ExecParams { block: ParamBlock::new(&words)?, shaped: indices.is_some() })
+        Ok(ExecParams {
+            block: ParamWords::new(&words)?,
+            len: words.len(),
+            shaped: indices.is_some(),
+            eager_from_device,
+            device: OnceLock::new(),
+        })
     }
 
     /// Launches `plan` (whose parameter words are `params`) on `stream`.
@@ -330,29 +389,69 @@ impl DeviceExecutor {
         };
         let cfg =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (self.atom.threads(), 1, 1), shared_mem_bytes: smem };
-        let mut launch = match &params.block {
-            ParamBlock::Small(words) => {
-                let mut l = stream.launch_builder(&entries.small);
-                l.arg(rt).arg(&**words);
+        let uploaded = if params.eager_from_device { self.uploaded(stream, params)? } else { None };
+        let mut launch = match &uploaded {
+            Some(words) => {
+                let mut l = stream.launch_builder(&entries.global);
+                l.arg(rt).arg(words);
                 l
             }
-            ParamBlock::Full(words) => {
-                let mut l = stream.launch_builder(&entries.full);
-                l.arg(rt).arg(&**words);
+            None => {
+                let mut l = stream.launch_builder(&entries.by_value);
+                l.arg(rt).arg(&*params.block);
                 l
             }
         };
-        // SAFETY: every entry point's parameters are (Runtime, ParamBlock<N>), which
-        // ExecRuntime and the ParamWords<N> of its variant mirror (N = EXEC_SMALL_PARAM_WORDS
-        // for the `_small` entry points, EXEC_PARAM_WORDS for the others, the -D options all
-        // are compiled with); a shaped kernel runs only plans whose every block shape it holds, at
-        // the catalog index `params` wrote into the block table, and needs no dynamic shared
-        // memory; the caller guarantees the addresses in `rt`; the
-        // grid is within the co-residency bound the plan was derived under, and the
-        // cooperative launch refuses a grid that cannot be co-resident instead of hanging;
-        // every device wait is bounded by rt.timeout_ns.
-        unsafe { launch.launch_cooperative(cfg) }.map_err(driver("cuLaunchCooperativeKernel"))?;
+        if self.cooperative {
+            // SAFETY: the by-value entry points take (Runtime, ParamBlock<EXEC_PARAM_WORDS>),
+            // which ExecRuntime and ParamWords mirror; the `_global` ones (Runtime, const u64*),
+            // whose address holds the plan's words, uploaded earlier on this stream and never
+            // rewritten;
+            // a shaped kernel runs only plans whose every block shape it holds, at the catalog
+            // index `params` wrote into the block table, and needs no dynamic shared memory; the
+            // caller guarantees the addresses in `rt`; the grid is within the co-residency bound
+            // the plan was derived under (a cooperative launch refuses a grid that cannot be
+            // co-resident instead of hanging; a plain one, an A/B knob, relies on that bound);
+            // every device wait is bounded by rt.timeout_ns.
+            unsafe { launch.launch_cooperative(cfg) }.map_err(driver("cuLaunchCooperativeKernel"))?;
+        } else {
+            // SAFETY: as for the cooperative launch above.
+            unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        }
         Ok(())
+    }
+
+    /// The device address of `params`' words for an eager launch on `stream`, uploading them
+    /// at the first one; `None` when `stream` is capturing a graph or the arena is full.
+    /// Graphs keep the by-value block: the graph holds it, in a graph its size costs nothing
+    /// (round 19), and an upload could not be captured as a one-time step.
+    fn uploaded(&self, stream: &CudaStream, params: &ExecParams) -> Result<Option<u64>, Error> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream of this executor's context; out-pointer valid.
+        unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
+            .result()
+            .map_err(driver("cuStreamIsCapturing"))?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Ok(None);
+        }
+        let words = params.words();
+        let bytes = std::mem::size_of_val(words);
+        let mut result = Ok(());
+        let at = *params.device.get_or_init(|| {
+            let at = self.arena.take(bytes)?;
+            // SAFETY: `at` is `bytes` bytes of this context's arena that no kernel reads yet
+            // (just handed out); `words` is pageable host memory, which cuMemcpyHtoDAsync
+            // copies out before returning; the copy is ordered before this launch on `stream`.
+            let copied = unsafe { sys::cuMemcpyHtoDAsync_v2(at, words.as_ptr().cast(), bytes, stream.cu_stream()) };
+            match copied.result() {
+                Ok(()) => Some(at),
+                Err(e) => {
+                    result = Err(driver("cuMemcpyHtoDAsync")(e));
+                    None
+                }
+            }
+        });
+        result.map(|()| at)
     }
 }
 
@@ -360,23 +459,16 @@ impl DeviceExecutor {
 mod tests {
     use super::*;
 
-    /// A plan goes to the smallest entry point that holds it; one too long for both is a
-    /// typed error, not a truncation.
+    /// A plan's words are copied into the by-value block and zero-padded; one too long for
+    /// it is a typed error, not a truncation.
     #[test]
-    fn a_plan_takes_the_smallest_parameter_block_that_holds_it() {
+    fn a_plan_fills_the_parameter_block_or_is_refused() {
         let words: Vec<u64> = (1..=EXEC_PARAM_WORDS as u64).collect();
-        match ParamBlock::new(&words[..EXEC_SMALL_PARAM_WORDS]) {
-            Ok(ParamBlock::Small(p)) => assert_eq!(&p.words[..], &words[..EXEC_SMALL_PARAM_WORDS]),
-            other => panic!("{other:?}"),
-        }
-        match ParamBlock::new(&words[..EXEC_SMALL_PARAM_WORDS + 1]) {
-            Ok(ParamBlock::Full(p)) => {
-                assert_eq!(&p.words[..EXEC_SMALL_PARAM_WORDS + 1], &words[..EXEC_SMALL_PARAM_WORDS + 1]);
-                assert!(p.words[EXEC_SMALL_PARAM_WORDS + 1..].iter().all(|&w| w == 0));
-            }
-            other => panic!("{other:?}"),
-        }
+        let p = ParamWords::new(&words[..100]).expect("fits");
+        assert_eq!(&p.words[..100], &words[..100]);
+        assert!(p.words[100..].iter().all(|&w| w == 0));
+        assert_eq!(&ParamWords::new(&words).expect("fits").words[..], &words[..]);
         let too_long = [0u64; EXEC_PARAM_WORDS + 1];
-        assert!(matches!(ParamBlock::new(&too_long), Err(Error::Unsupported(_))));
+        assert!(matches!(ParamWords::new(&too_long), Err(Error::Unsupported(_))));
     }
 }

@@ -63,12 +63,6 @@ impl ExecOp {
 /// room for 32 blocks per role at world 2.
 pub const EXEC_PARAM_WORDS: usize = 3968;
 
-/// Parameter-block capacity of the executor's second entry point, `purlin_snac_exec_small`
-/// (same code, same module), for plans that fit: every eager launch uploads its whole
-/// parameter block, and 31 KiB cost 2.4 µs more per launch than 8 bytes (empty kernels
-/// launched back to back, 2×H200, round 49). In a CUDA graph the size made no difference.
-pub const EXEC_SMALL_PARAM_WORDS: usize = 512;
-
 const _: () = assert!(EXEC_PARAM_WORDS * 8 + EXEC_RUNTIME_BYTES <= 32_764);
 /// Size of the executor's `Runtime` kernel parameter (`kernels/snac/executor.cu`).
 pub const EXEC_RUNTIME_BYTES: usize = 8 * (2 + 3 * 16 + 6);
@@ -126,7 +120,6 @@ impl ExecKey {
             format!("-DPURLIN_AVG={}", u32::from(self.op == ExecOp::Avg)),
             format!("-DPURLIN_PACKET={}", self.packet_bytes),
             format!("-DPURLIN_PARAM_WORDS={EXEC_PARAM_WORDS}"),
-            format!("-DPURLIN_SMALL_PARAM_WORDS={EXEC_SMALL_PARAM_WORDS}"),
         ]
     }
 }

@@ -1,11 +1,11 @@
 //! How a call is planned: regime, staging side, chunk size, blocks per role and slots, per
 //! size band (DESIGN.md §5 "Tuning"). Every knob can be overridden from the environment
 //! (`PURLIN_REGIME=latency|throughput`, `PURLIN_STAGING_SIDE=own|peer`, `PURLIN_CHUNK_BYTES`,
-//! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_LANES`, `PURLIN_SLOTS`, `PURLIN_SHARE_PIECE`,
-//! `PURLIN_SHARE_MIN_CHUNK`,
-//! `PURLIN_LATENCY_MAX_BYTES`, `PURLIN_LATENCY_MAX_BYTES_ALLREDUCE`, `PURLIN_LATENCY_BLOCK_BYTES`,
-//! `PURLIN_LATENCY_MAX_BLOCKS`,
-//! `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`), so the table can be measured before it is
+//! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_LANES`, `PURLIN_SLOTS`,
+//! `PURLIN_SHARE_PIECE`, `PURLIN_SHARE_MIN_CHUNK`, `PURLIN_LATENCY_MAX_BYTES`,
+//! `PURLIN_LATENCY_MAX_BYTES_ALLREDUCE`, `PURLIN_LATENCY_BLOCK_BYTES`,
+//! `PURLIN_LATENCY_MAX_BLOCKS`, `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`,
+//! `PURLIN_DEVICE_PARAMS_MAX_BYTES`), so the table can be measured before it is
 //! trusted. Which executor runs a plan is not tuning: latency plans of catalogued shapes run
 //! shaped unless `PURLIN_SHAPED=0` (`exec_device`).
 //!
@@ -65,6 +65,11 @@ pub struct Tuning {
     pub min_chunks: u64,
     /// The floor of that cut.
     pub min_chunk_bytes: u64,
+    /// Eager launches of calls whose larger buffer on this rank has at most this many bytes
+    /// read the plan's parameter block from device memory (uploaded once per plan) instead of
+    /// carrying it by value; larger calls, and every launch captured into a graph, carry it
+    /// by value. 0: always by value.
+    pub device_params_max_bytes: u64,
 }
 
 impl Default for Tuning {
@@ -108,6 +113,13 @@ impl Default for Tuning {
             share_min_chunk: 16 << 20,
             min_chunks: 4,
             min_chunk_bytes: 4 << 20,
+            // Eager calls, one H200 with both ranks on it (rounds 55-57): with the block in
+            // device memory, 8 B-512 KiB calls took 5.6-8.6 us against 8.0-9.4 by value, but
+            // the kernels themselves run slower reading their records from device memory,
+            // which shows once a call outlasts its launch: AllReduce 1 MiB 11.43 against
+            // 11.25 us, 2 MiB 25.80 against 24.54, 4 MiB 28.02 against 25.59; ReduceScatter
+            // 1 MiB 9.19 against 9.61, 2 MiB 12.54 against 11.71.
+            device_params_max_bytes: 1 << 20,
         }
     }
 }
@@ -158,6 +170,7 @@ impl Tuning {
             env("PURLIN_LATENCY_MAX_BYTES_ALLREDUCE")?.unwrap_or(t.latency_max_bytes_allreduce);
         t.latency_block_bytes = env("PURLIN_LATENCY_BLOCK_BYTES")?.unwrap_or(t.latency_block_bytes);
         t.latency_max_blocks = env("PURLIN_LATENCY_MAX_BLOCKS")?.or(t.latency_max_blocks);
+        t.device_params_max_bytes = env("PURLIN_DEVICE_PARAMS_MAX_BYTES")?.unwrap_or(t.device_params_max_bytes);
         Ok(t)
     }
 }

@@ -34,9 +34,9 @@ fn every_runtime_unit_compiles_to_cubin() {
         assert_eq!(&k.cubin[..4], b"\x7fELF", "{} for {arch} is not a CUBIN", unit.name);
         // Every entry point the launcher looks up (exec_device.rs), by symbol name.
         let entries: &[&[u8]] = if unit.name.starts_with("purlin_exec_") {
-            &[b"purlin_snac_exec\0", b"purlin_snac_exec_small\0"]
+            &[b"purlin_snac_exec\0", b"purlin_snac_exec_global\0"]
         } else if unit.name.starts_with("purlin_shaped_") {
-            &[b"purlin_snac_shaped\0", b"purlin_snac_shaped_small\0"]
+            &[b"purlin_snac_shaped\0", b"purlin_snac_shaped_global\0"]
         } else {
             &[]
         };
