@@ -560,8 +560,9 @@ static COMPILE_LOCK: Mutex<()> = Mutex::new(());
 static ENV_COMMS: AtomicU64 = AtomicU64::new(0);
 
 impl Comm {
-    /// One communicator per stream, each on its own GPU, in one process (rank `i` drives
-    /// `streams[i]`). Like cudarc's, it returns once all ranks are set up.
+    /// One communicator per stream, each on its own GPU (unless [`CommConfig::shared_gpu`]),
+    /// in one process (rank `i` drives `streams[i]`). Like cudarc's, it returns once all
+    /// ranks are set up.
     pub fn from_devices(streams: Vec<Arc<CudaStream>>) -> Result<Vec<Self>, Error> {
         Self::from_devices_with_config(streams, CommConfig::from_env()?)
     }

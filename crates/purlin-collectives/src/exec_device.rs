@@ -183,17 +183,23 @@ impl ParamArena {
         Ok(Self { ctx: ctx.clone(), base, bytes: PARAM_ARENA_BYTES, used: Mutex::new(0) })
     }
 
-    /// Room for `bytes`, 128-byte aligned (a block's first words share no cache line with
-    /// another block's), or `None` when the arena is full.
+    /// Room for `bytes`, or `None` when the arena is full.
     fn take(&self, bytes: usize) -> Option<u64> {
         let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        let at = used.next_multiple_of(128);
-        if at + bytes > self.bytes {
-            return None;
-        }
-        *used = at + bytes;
-        Some(self.base + at as u64)
+        bump(&mut used, bytes, self.bytes).map(|at| self.base + at as u64)
     }
+}
+
+/// Hands out `bytes` at the next 128-byte boundary after `used` (a block's first words share
+/// no cache line with another block's) within `capacity`; `None`, with `used` unchanged, when
+/// they do not fit.
+fn bump(used: &mut usize, bytes: usize, capacity: usize) -> Option<usize> {
+    let at = used.next_multiple_of(128);
+    if at.checked_add(bytes)? > capacity {
+        return None;
+    }
+    *used = at + bytes;
+    Some(at)
 }
 
 impl Drop for ParamArena {
@@ -470,5 +476,25 @@ mod tests {
         assert_eq!(&ParamWords::new(&words).expect("fits").words[..], &words[..]);
         let too_long = [0u64; EXEC_PARAM_WORDS + 1];
         assert!(matches!(ParamWords::new(&too_long), Err(Error::Unsupported(_))));
+    }
+
+    /// The arena hands out aligned, disjoint ranges until one does not fit, and a refusal
+    /// leaves it as it was (a smaller block may still fit after a larger one was refused).
+    #[test]
+    fn the_parameter_arena_hands_out_aligned_disjoint_ranges_until_full() {
+        let capacity = 1024;
+        let mut used = 0;
+        let mut taken = Vec::new();
+        for bytes in [8, 200, 128, 1] {
+            let at = bump(&mut used, bytes, capacity).expect("fits");
+            assert_eq!(at % 128, 0);
+            taken.push((at, at + bytes));
+        }
+        assert_eq!(taken, [(0, 8), (128, 328), (384, 512), (512, 513)]);
+        assert_eq!(bump(&mut used, 512, capacity), None);
+        assert_eq!(used, 513);
+        assert_eq!(bump(&mut used, 384, capacity), Some(640));
+        assert_eq!(bump(&mut used, 1, capacity), None);
+        assert_eq!(bump(&mut used, usize::MAX, capacity), None);
     }
 }
