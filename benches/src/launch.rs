@@ -158,7 +158,7 @@ pub fn launch(args: &Args) -> Result<Launched> {
             let world = args.world.unwrap_or(gpus);
             // PURLIN_SHARED_GPU=1: every rank on GPU 0 (CommConfig::shared_gpu), to check a
             // build on a one-GPU machine; NCCL refuses ranks that share a GPU.
-            let shared = world > gpus && std::env::var("PURLIN_SHARED_GPU").is_ok_and(|v| v.trim() == "1");
+            let shared = world > gpus && purlin_collectives::CommConfig::shared_gpu_from_env()?;
             if world > gpus && !shared {
                 bail!("--world {world}: only {gpus} GPUs are visible (PURLIN_SHARED_GPU=1 puts every rank on GPU 0)");
             }

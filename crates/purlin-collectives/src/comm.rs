@@ -115,20 +115,22 @@ impl Default for CommConfig {
 }
 
 impl CommConfig {
+    /// `PURLIN_SHARED_GPU`: `1` lets ranks share a GPU ([`CommConfig::shared_gpu`]); unset,
+    /// empty or `0` does not.
+    pub fn shared_gpu_from_env() -> Result<bool, Error> {
+        match std::env::var("PURLIN_SHARED_GPU").as_deref().map(str::trim) {
+            Err(_) | Ok("" | "0") => Ok(false),
+            Ok("1") => Ok(true),
+            Ok(other) => Err(Error::Env { var: "PURLIN_SHARED_GPU", problem: format!("{other:?} is not 0 or 1") }),
+        }
+    }
+
     /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional),
     /// `PURLIN_SHARED_GPU` (`1` or `0`) and the workspace and tuning variables
     /// ([`WorkspaceConfig::from_env`], [`Tuning::from_env`]).
     pub fn from_env() -> Result<Self, Error> {
         let mut c = Self { workspace: WorkspaceConfig::from_env()?, tuning: Tuning::from_env()?, ..Self::default() };
-        if let Ok(text) = std::env::var("PURLIN_SHARED_GPU") {
-            c.shared_gpu = match text.trim() {
-                "1" => true,
-                "0" | "" => false,
-                other => {
-                    return Err(Error::Env { var: "PURLIN_SHARED_GPU", problem: format!("{other:?} is not 0 or 1") });
-                }
-            };
-        }
+        c.shared_gpu = Self::shared_gpu_from_env()?;
         if let Ok(text) = std::env::var("PURLIN_TIMEOUT_S") {
             let secs: f64 = text
                 .trim()

@@ -76,7 +76,7 @@ struct Gpus {
 }
 
 fn gpus() -> Option<Gpus> {
-    let shared = std::env::var("PURLIN_SHARED_GPU").is_ok_and(|v| v.trim() == "1");
+    let shared = gpu_support::shared_gpu();
     let found = if purlin_topo::driver_present() { purlin_topo::device_count() } else { 0 };
     if found < if shared { 1 } else { 2 } {
         return None;

@@ -27,7 +27,7 @@ pub const WORLD: usize = 2;
 /// `PURLIN_SHARED_GPU=1`: every rank drives GPU 0 ([`CommConfig::shared_gpu`]), so these
 /// tests check correctness on a machine with one GPU (their timings mean nothing there).
 pub fn shared_gpu() -> bool {
-    std::env::var("PURLIN_SHARED_GPU").is_ok_and(|v| v.trim() == "1")
+    CommConfig::shared_gpu_from_env().expect("PURLIN_SHARED_GPU")
 }
 
 /// The GPU rank `rank` drives: its own, or GPU 0 for every rank under [`shared_gpu`].
