@@ -14,7 +14,10 @@
 //! 132..1056 blocks: the calibration's local-copy measurement, which 64 MiB copies of ~40 us
 //! do not reproduce).
 //!
-//! Usage: `atom_bench [--quick] [--sweep]` (`--sweep`: also Hopper pipeline sizings), or
+//! Usage: `atom_bench [--quick] [--sweep]` (`--sweep`: also Hopper pipeline sizings),
+//! `atom_bench --local` (one GPU: local copies of 64 MiB at 1..32 blocks for every build,
+//! the bulk-copy sizings included, each build's copy checked byte for byte; what one block
+//! copies per second bounds the executor's readers when a call has few blocks), or
 //! `atom_bench --probe NAME`: set up, warm up and run only PROBE_LAUNCHES launches of one
 //! configuration, then exit (for `ncu`, which replays every profiled kernel); NAME is one of
 //! PROBES (`--probe list` prints them).
@@ -231,6 +234,9 @@ fn main() -> Res<()> {
     };
     if !driver_present() {
         return Err("no CUDA driver on this machine".into());
+    }
+    if args.iter().any(|a| a == "--local") {
+        return local_only();
     }
     let count = CudaContext::device_count()? as usize;
     if count < 2 {
@@ -650,5 +656,96 @@ fn run_probe(rig: &Rig, name: &str, default_spec: AtomSpec, soft_spec: AtomSpec)
         spec.label(),
         started.elapsed()
     );
+    Ok(())
+}
+
+/// The builds of `--local`: every generation's default, the Hopper pipeline sizings of
+/// `--sweep`, and bulk-copy (TMA) sizings up to the 227 KiB shared-memory limit.
+fn local_specs(arch: purlin_atom::Arch) -> Res<Vec<AtomSpec>> {
+    let mut specs: Vec<AtomSpec> = Generation::selectable_on(arch).into_iter().map(AtomSpec::new).collect();
+    if Generation::selectable_on(arch).contains(&Generation::Hopper) {
+        let sizings: [(u32, u32, u32, bool); 12] = [
+            (512, 8, 2, false),
+            (512, 13, 2, false),
+            (1024, 6, 2, false),
+            (256, 8, 4, false),
+            (512, 5, 2, true),
+            (512, 8, 2, true),
+            (512, 13, 2, true),
+            (512, 4, 4, true),
+            (512, 6, 4, true),
+            (512, 3, 8, true),
+            (256, 13, 4, true),
+            (1024, 6, 2, true),
+        ];
+        for (threads, depth, vecs, bulk) in sizings {
+            let params = AtomParams { threads, depth, vecs, bulk, soft_convert: false };
+            specs.push(AtomSpec::with_params(Generation::Hopper, params)?);
+        }
+    }
+    Ok(specs)
+}
+
+/// `--local`: one GPU, local copies only (see the module docs).
+fn local_only() -> Res<()> {
+    let ctx = CudaContext::new(0)?;
+    let stream = ctx.new_stream()?;
+    let arch = arch_of(&ctx)?;
+    let cache = KernelCache::default_location();
+    let specs = local_specs(arch)?;
+    let started = std::time::Instant::now();
+    let jobs: Vec<_> = specs.iter().map(|s| (standalone_unit(s, None), arch)).collect();
+    cache.get_or_compile_all(&jobs, 16)?;
+    println!(
+        "atom_bench --local: {} ({arch}), {} Atom builds compiled/cached in {:.1?}; {} MiB messages, {SETS} rotating sets",
+        ctx.name()?,
+        specs.len(),
+        started.elapsed(),
+        MSG >> 20
+    );
+    let mut rig = Rig { ctxs: vec![ctx], streams: vec![stream], cache, iters: 15, batch: 0, rows: Vec::new() };
+    let data = random_bf16(MSG, 7);
+    let srcs = buffers(&rig.ctxs[0], 1, &data)?;
+    let dsts = buffers(&rig.ctxs[0], 1, &data)?;
+    let mut wrong = 0usize;
+    for spec in &specs {
+        let label = spec.label();
+        let atom = DeviceAtom::with_spec(&rig.ctxs[0], *spec, &rig.cache)?;
+        let copy = |rig: &Rig, i: usize, blocks: u32| -> Res<()> {
+            // SAFETY: MSG-byte live allocations on GPU 0; the stream is GPU 0's.
+            unsafe { atom.copy_raw(&rig.streams[0], dsts[i % SETS][0].ptr(), srcs[i % SETS][0].ptr(), MSG, blocks) }?;
+            Ok(())
+        };
+        for b in [1u32, 2, 4, 8, 16, 32] {
+            let t = rig.time_one(0, &mut |i| copy(&rig, i, b))?;
+            rig.record("local-copy", &label, b, 2.0 * MSG as f64, t);
+        }
+        // What was timed is right: a fresh copy into a poisoned destination, at 8 blocks.
+        dsts[0][0].fill(0xa5)?;
+        copy(&rig, 0, 8)?;
+        rig.streams[0].synchronize()?;
+        if dsts[0][0].download(0, MSG)? != data {
+            println!("ATOM-BENCH local-copy {label}: WRONG bytes");
+            wrong += 1;
+        }
+    }
+    let per_block = |r: &Row| r.gbps / 2.0 / r.blocks as f64;
+    let best8 = rig
+        .rows
+        .iter()
+        .filter(|r| r.blocks == 8)
+        .max_by(|a, b| a.gbps.partial_cmp(&b.gbps).unwrap_or(std::cmp::Ordering::Equal));
+    if let Some(r) = best8 {
+        println!(
+            "ATOM-SUMMARY local copy at 8 blocks: best {} {:.0} GB/s read+write ({:.1} GB/s of payload per block); {} builds, {wrong} wrong",
+            r.label,
+            r.gbps,
+            per_block(r),
+            specs.len()
+        );
+    }
+    if wrong > 0 {
+        return Err(format!("{wrong} builds copied wrong bytes").into());
+    }
     Ok(())
 }

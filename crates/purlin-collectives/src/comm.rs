@@ -460,6 +460,14 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         return Err(Error::Mismatch { rank, peer, what: "the kernels requested in CommConfig::kernels".into() });
     }
 
+    // Ranks plan each call on their own, so they must plan alike: a writer and a reader with
+    // different chunks, block counts or regimes would wait out the device timeout.
+    let tuning = format!("{:?}", config.tuning);
+    let tunings = host.all_gather(tuning.as_bytes(), "set-up: tuning")?;
+    if let Some(peer) = tunings.iter().position(|t| *t != tuning.as_bytes()) {
+        return Err(Error::Mismatch { rank, peer, what: "the tuning (CommConfig::tuning, PURLIN_* variables)".into() });
+    }
+
     // Kernels are compiled before the final barrier, so a peer compiling for seconds is
     // waited for under the set-up timeout, not taken for dead later.
     let kernels = (|| {

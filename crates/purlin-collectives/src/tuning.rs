@@ -5,7 +5,7 @@
 //! `PURLIN_SHARE_PIECE`, `PURLIN_SHARE_MIN_CHUNK`, `PURLIN_LATENCY_MAX_BYTES`,
 //! `PURLIN_LATENCY_MAX_BYTES_ALLREDUCE`, `PURLIN_LATENCY_BLOCK_BYTES`,
 //! `PURLIN_LATENCY_MAX_BLOCKS`, `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`,
-//! `PURLIN_DEVICE_PARAMS_MAX_BYTES`), so the table can be measured before it is
+//! `PURLIN_DEVICE_PARAMS_MAX_BYTES`, `PURLIN_MAX_BLOCKS`), so the table can be measured before it is
 //! trusted. Which executor runs a plan is not tuning: latency plans of catalogued shapes run
 //! shaped unless `PURLIN_SHAPED=0` (`exec_device`).
 //!
@@ -20,7 +20,8 @@
 //! chunks or fewer blocks.
 
 use purlin_snac::{
-    AllReduceAlgo, CollectiveSpec, DeriveError, PacketFormat, Plan, PlanConfig, Regime, StagingSide, derive_rank,
+    AllReduceAlgo, Collective, CollectiveSpec, ConsumeOp, DeriveError, PacketFormat, Plan, PlanConfig, Regime,
+    StagingSide, derive_rank,
 };
 
 use crate::error::Error;
@@ -70,6 +71,15 @@ pub struct Tuning {
     /// carrying it by value; larger calls, and every launch captured into a graph, carry it
     /// by value. 0: always by value.
     pub device_params_max_bytes: u64,
+    /// The most blocks one call's kernel may use (NCCL's `maxCTAs`; `PURLIN_MAX_BLOCKS`), to
+    /// leave SMs to compute that overlaps the collective. `None`: what the table asks (a
+    /// staged call at world 2 takes 16 writers and 32 readers). A staged call needs one writer
+    /// and one block per reading role (two blocks; three for an AllReduce composed of a
+    /// ReduceScatter and an AllGather), and a latency call that gathers a rank's own part
+    /// needs two, so a smaller cap is raised to that. Within the cap, staged calls split
+    /// their blocks between writers and readers by the traffic each side moves
+    /// ([`role_split`]).
+    pub max_blocks: Option<u32>,
 }
 
 impl Default for Tuning {
@@ -120,6 +130,7 @@ impl Default for Tuning {
             // 11.25 us, 2 MiB 25.80 against 24.54, 4 MiB 28.02 against 25.59; ReduceScatter
             // 1 MiB 9.19 against 9.61, 2 MiB 12.54 against 11.71.
             device_params_max_bytes: 1 << 20,
+            max_blocks: None,
         }
     }
 }
@@ -171,6 +182,10 @@ impl Tuning {
         t.latency_block_bytes = env("PURLIN_LATENCY_BLOCK_BYTES")?.unwrap_or(t.latency_block_bytes);
         t.latency_max_blocks = env("PURLIN_LATENCY_MAX_BLOCKS")?.or(t.latency_max_blocks);
         t.device_params_max_bytes = env("PURLIN_DEVICE_PARAMS_MAX_BYTES")?.unwrap_or(t.device_params_max_bytes);
+        t.max_blocks = env("PURLIN_MAX_BLOCKS")?.or(t.max_blocks);
+        if t.max_blocks == Some(0) {
+            return Err(Error::Env { var: "PURLIN_MAX_BLOCKS", problem: "0: a call needs at least one block".into() });
+        }
         Ok(t)
     }
 }
@@ -193,9 +208,67 @@ pub fn band_bytes(spec: &CollectiveSpec) -> u64 {
     (0..spec.world).map(|r| spec.input_bytes(r).max(spec.output_bytes(r))).max().unwrap_or(0)
 }
 
+/// How many reading roles a staged plan of `spec` has: two (Head and Tail) for an AllReduce
+/// composed of a ReduceScatter and an AllGather (beyond two ranks, or in place), else one.
+fn reading_roles(spec: &CollectiveSpec, in_place: bool) -> u32 {
+    let composed = spec.collective == Collective::AllReduce && (spec.world > 2 || in_place);
+    if composed { 2 } else { 1 }
+}
+
+/// Writers and blocks per reading role of a staged call of `spec` on at most `cap` blocks
+/// (raised to the least a staged plan needs): the split under which both sides take the same
+/// time when every block moves memory at one rate. That is what bounds few-block calls: one
+/// SM copies about 48 GB/s locally with every Atom build and pipeline depth (and the bulk-copy
+/// engine less), and a writer pushes about 43 over NVLink (`atom_bench --local`, round 61;
+/// `atom_bench`, round 22), so a side's time is its traffic, bytes read plus bytes written
+/// summed over ranks (a k-source reduce reads k bytes per byte it writes), over its blocks.
+/// Ties go to the writers (with 4 writers a 256 MiB AllGather pushed at 27 GB/s per block,
+/// against 43 with 8: round 44). A 256 MiB AllGather at world 2 on 16 blocks: 6 writers,
+/// 10 readers; an AllReduce: 7 and 9.
+pub fn role_split(spec: &CollectiveSpec, in_place: bool, cap: u32) -> (u32, u32) {
+    let roles = reading_roles(spec, in_place);
+    let cap = cap.max(1 + roles);
+    let world = f64::from(spec.world);
+    let (mut writers, mut readers) = (0f64, 0f64);
+    for rank in 0..spec.world {
+        let (input, output) = (spec.input_bytes(rank) as f64, spec.output_bytes(rank) as f64);
+        let (w, r) = match spec.collective {
+            // Writers push the rank's part to every peer; readers copy every part out of
+            // staging, and the rank's own part from the input unless it is already in place.
+            Collective::AllGather | Collective::AllGatherV => {
+                (2.0 * (world - 1.0) * input, 2.0 * (output - if in_place { input } else { 0.0 }))
+            }
+            Collective::AllToAll | Collective::AllToAllV => (2.0 * input * (world - 1.0) / world, 2.0 * output),
+            // Writers push the peers' shards; readers reduce `world` sources into the rank's.
+            Collective::ReduceScatter | Collective::ReduceScatterV => {
+                (2.0 * (input - output).max(0.0), (world + 1.0) * output)
+            }
+            // Composed: a ReduceScatter's writers and Head, then the Tail gathers the peers'
+            // reduced shards; the busier reading role sets the pace.
+            Collective::AllReduce if roles == 2 => {
+                let shard = input / world;
+                (2.0 * (world - 1.0) * shard, ((world + 1.0) * shard).max(2.0 * (world - 1.0) * shard))
+            }
+            // Direct (world 2): writers push the whole input, readers reduce two sources.
+            Collective::AllReduce => (2.0 * input, 3.0 * output),
+        };
+        writers += w;
+        readers += r;
+    }
+    let mut best = (1, (cap - 1) / roles, f64::INFINITY);
+    for w in 1..=cap - roles {
+        let r = (cap - w) / roles;
+        let time = (writers / f64::from(w)).max(readers / f64::from(r));
+        if time <= best.2 {
+            best = (w, r, time);
+        }
+    }
+    (best.0, best.1)
+}
+
 /// The plan configuration for one call.
 pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limits: &PlanLimits) -> PlanConfig {
-    let latency_max = if spec.collective == purlin_snac::Collective::AllReduce {
+    let latency_max = if spec.collective == Collective::AllReduce {
         tuning.latency_max_bytes_allreduce
     } else {
         tuning.latency_max_bytes
@@ -213,7 +286,18 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
             blocks = blocks.min(u32::try_from(wanted).unwrap_or(u32::MAX));
         }
     }
-    let consumer_blocks = tuning.consumer_blocks_per_role.map(|n| n.clamp(1, cap));
+    let mut consumer_blocks = tuning.consumer_blocks_per_role.map(|n| n.clamp(1, cap));
+    if let Some(max) = tuning.max_blocks {
+        if regime == Regime::Latency {
+            // A gather may add as many blocks again for the rank's own part.
+            let own = if spec.collective.consume_op() == ConsumeOp::Gather { 2 } else { 1 };
+            blocks = blocks.min((max / own).max(1));
+        } else if blocks + reading_roles(spec, in_place) * consumer_blocks.unwrap_or(blocks) > max {
+            let (writers, readers) = role_split(spec, in_place, max);
+            blocks = writers;
+            consumer_blocks = Some(readers);
+        }
+    }
     let mut cfg = PlanConfig {
         regime,
         staging_side: tuning.staging_side,
@@ -369,5 +453,67 @@ mod tests {
         let t = Tuning::default();
         assert_eq!(plan_for(&small, 0, false, &t, &limits()).unwrap().regime, Regime::Latency);
         assert_eq!(plan_for(&large, 0, false, &t, &limits()).unwrap().regime, Regime::Throughput);
+    }
+
+    /// The split of a capped staged call evens out both sides' traffic per block.
+    #[test]
+    fn a_block_cap_splits_writers_and_readers_by_their_traffic() {
+        let gather = CollectiveSpec::all_gather(2, DataType::Bf16, 64 << 20);
+        let reduce = CollectiveSpec::all_reduce(2, DataType::Bf16, ReduceOp::Sum, 128 << 20);
+        // Readers copy twice what writers push (the peer's part and the rank's own).
+        assert_eq!(role_split(&gather, false, 16), (6, 10));
+        // In place, the own part is already there: as much traffic on either side.
+        assert_eq!(role_split(&gather, true, 16), (8, 8));
+        // Writers push the input, readers read two sources and write one.
+        assert_eq!(role_split(&reduce, false, 16), (7, 9));
+        // Composed (in place): writers, then a Head and a Tail role of as many blocks each.
+        let (w, r) = role_split(&reduce, true, 16);
+        assert!(w + 2 * r <= 16 && r >= 1, "{w} + 2 x {r}");
+        // A cap below what a staged plan needs is raised to it.
+        assert_eq!(role_split(&gather, false, 1), (1, 1));
+        assert_eq!(role_split(&CollectiveSpec::all_reduce(4, DataType::F32, ReduceOp::Sum, 1 << 20), false, 1), (1, 1));
+    }
+
+    /// Under `max_blocks`, every collective at every world, size, side and in/out of place
+    /// gets plans of at most that many blocks (or the least its regime needs) that pass the
+    /// verifier together.
+    #[test]
+    fn capped_plans_stay_under_the_cap_and_verify() {
+        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
+        let opts = purlin_snac::verify::Options { max_states: 2_000, schedules: 4, ..Default::default() };
+        for world in [2u32, 3, 4] {
+            let w = u64::from(world);
+            for bytes in [8u64, 64 << 10, 4 << 20] {
+                let n = (bytes / 4 / w).max(1);
+                let skew: Vec<u64> = (0..w).map(|r| n * (r + 1) / 2).collect();
+                let specs = [
+                    CollectiveSpec::all_reduce(world, DataType::F32, ReduceOp::Sum, n * w),
+                    CollectiveSpec::all_gather(world, DataType::F32, n),
+                    CollectiveSpec::reduce_scatter(world, DataType::F32, ReduceOp::Sum, n),
+                    CollectiveSpec::all_to_all(world, DataType::F32, n),
+                    CollectiveSpec::all_gather_v(world, DataType::F32, skew.clone()),
+                    CollectiveSpec::reduce_scatter_v(world, DataType::F32, ReduceOp::Max, skew.clone()),
+                    CollectiveSpec::all_to_all_v(world, DataType::F32, vec![skew.clone(); world as usize]),
+                ];
+                for spec in specs {
+                    let a2a = matches!(spec.collective, Collective::AllToAll | Collective::AllToAllV);
+                    for (cap, in_place) in [(1, false), (3, false), (5, true), (16, false), (16, true)] {
+                        if in_place && a2a {
+                            continue;
+                        }
+                        let t = Tuning { max_blocks: Some(cap), ..Tuning::default() };
+                        let plans: Vec<Plan> = (0..world)
+                            .map(|rank| plan_fitting(&spec, rank, in_place, &t, &limits(), words))
+                            .collect::<Result<_, _>>()
+                            .unwrap_or_else(|e| panic!("{spec:?} cap {cap}: {e}"));
+                        for p in &plans {
+                            assert!(p.grid() as u32 <= cap.max(3), "{spec:?} cap {cap}: grid {}", p.grid());
+                        }
+                        let report = purlin_snac::verify::verify_call(&plans, &opts);
+                        assert!(report.ok(), "{spec:?} cap {cap} in place {in_place}: {:?}", report.result);
+                    }
+                }
+            }
+        }
     }
 }

@@ -242,19 +242,23 @@ fn every_collective_matches_the_reference_on_gpus() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut total_cases = 0;
     let mut total_wrong = 0;
-    for (label, regime, side, latency_blocks) in [
-        ("auto/push", None, StagingSide::Peer, None),
-        ("latency", Some(Regime::Latency), StagingSide::Peer, None),
+    for (label, regime, side, latency_blocks, max_blocks) in [
+        ("auto/push", None, StagingSide::Peer, None, None),
+        ("latency", Some(Regime::Latency), StagingSide::Peer, None, None),
         // One packet block: each thread moves many packets in turn (~98 at 100 003 f32, world 2),
         // the last round of the block's threads only partly filled.
-        ("latency/1 block", Some(Regime::Latency), StagingSide::Peer, Some(1)),
-        ("throughput/push", Some(Regime::Throughput), StagingSide::Peer, None),
-        ("throughput/pull", Some(Regime::Throughput), StagingSide::Own, None),
+        ("latency/1 block", Some(Regime::Latency), StagingSide::Peer, Some(1), None),
+        ("throughput/push", Some(Regime::Throughput), StagingSide::Peer, None, None),
+        ("throughput/pull", Some(Regime::Throughput), StagingSide::Own, None, None),
+        // A block cap (NCCL's maxCTAs): writers and readers split 5 blocks unevenly, so lanes
+        // and slices differ from every default plan.
+        ("auto/5 blocks", None, StagingSide::Peer, None, Some(5)),
     ] {
         let mut cfg = config(regime, side);
         if latency_blocks.is_some() {
             cfg.tuning.latency_max_blocks = latency_blocks;
         }
+        cfg.tuning.max_blocks = max_blocks;
         let comms = Comm::from_devices_with_config(g.streams.clone(), cfg).expect("set-up");
         let (mut cases, mut wrong) = (0, 0);
         // The one-block latency case's largest call fills most of the packet window at world 2

@@ -199,6 +199,40 @@ fn eager_a_skipped_call_gives_a_typed_error_then_poisoned() {
     assert_eq!(results, vec![true, true], "both rank processes exit cleanly (status 0)");
 }
 
+// ---------------------------------------------------------------- set-up: unlike tuning
+
+/// Ranks plan every call on their own, so ranks whose tuning differs (here the block cap)
+/// must fail set-up, each naming the other, instead of running plans that do not meet.
+#[test]
+#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+fn ranks_that_tune_differently_fail_set_up_naming_each_other() {
+    need_two_gpus();
+    let id = Id::new().expect("id");
+    let results: Vec<Result<Comm, Error>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2usize)
+            .map(|rank| {
+                s.spawn(move || {
+                    let mut config = fault_config();
+                    config.tuning.max_blocks = Some(if rank == 0 { 16 } else { 24 });
+                    Comm::from_rank_with_config(stream(gpu_support::rank_ordinal(rank)), rank, 2, id, config)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("set-up thread")).collect()
+    });
+    for (rank, r) in results.iter().enumerate() {
+        match r {
+            Err(Error::Mismatch { peer, what, .. }) => {
+                println!("COMM set-up rank {rank}: Mismatch with rank {peer}: {what}");
+                assert_eq!(*peer, 1 - rank, "rank {rank} names the other rank");
+                assert!(what.contains("tuning"), "rank {rank} names the tuning: {what}");
+            }
+            Err(e) => panic!("rank {rank}: expected a tuning mismatch, got {e}"),
+            Ok(_) => panic!("rank {rank}: set-up succeeded with unlike tuning"),
+        }
+    }
+}
+
 // ---------------------------------------------------------------- graph: a silent peer
 
 #[test]
