@@ -188,6 +188,8 @@ pub struct HostRun {
     pub world: usize,
     /// The host communicators' blocks per role.
     pub blocks_per_role: u32,
+    /// Their cap on one call's blocks, if set.
+    pub max_blocks: Option<u32>,
 }
 
 /// Runs the sweep of `cfg` on the host executor with `world` ranks (threads of this
@@ -197,7 +199,7 @@ pub fn run_host(cfg: &Config, world: usize, progress: &(dyn Fn(&str) + Sync)) ->
         bail!("--world {world}: the host executor runs 2..={} ranks", crate::coord::MAX_RANKS);
     }
     let cpu = cpu_config(cfg)?;
-    let blocks_per_role = cpu.tuning.blocks_per_role;
+    let (blocks_per_role, max_blocks) = (cpu.tuning.blocks_per_role, cpu.tuning.max_blocks);
     let t0 = Instant::now();
     let comms =
         CpuComm::threads_with_config(world, cpu).map_err(|e| anyhow!("purlin_collectives::CpuComm::threads: {e}"))?;
@@ -241,5 +243,5 @@ pub fn run_host(cfg: &Config, world: usize, progress: &(dyn Fn(&str) + Sync)) ->
     if outcome.error.is_none() {
         outcome.error = outs.find_map(|o| o.error);
     }
-    Ok(HostRun { outcome, world, blocks_per_role })
+    Ok(HostRun { outcome, world, blocks_per_role, max_blocks })
 }

@@ -81,6 +81,7 @@ pub fn launch(args: &Args) -> Result<Launched> {
         topology: None,
         executor: Executor::Gpu,
         purlin_blocks_per_role: None,
+        purlin_max_blocks: None,
     };
     if args.config.backends.iter().any(|b| b.is_nccl()) && std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok("0") {
         bail!("NCCL_NVLS_ENABLE must be 0 before NCCL starts (NVLink multicast is never used here)");
@@ -90,7 +91,9 @@ pub fn launch(args: &Args) -> Result<Launched> {
         return host(args, meta, gpus, start);
     }
     if args.config.backends.contains(&BackendKind::Purlin) {
-        meta.purlin_blocks_per_role = purlin::config(&args.config).ok().map(|c| c.tuning.blocks_per_role);
+        let tuning = purlin::config(&args.config).ok().map(|c| c.tuning);
+        meta.purlin_blocks_per_role = tuning.map(|t| t.blocks_per_role);
+        meta.purlin_max_blocks = tuning.and_then(|t| t.max_blocks);
     }
     // The topology goes into rank 0's metadata (the other ranks of a torchrun launch skip
     // the probe, which touches every GPU).
@@ -305,6 +308,7 @@ fn host(args: &Args, mut meta: Meta, gpus: usize, start: Instant) -> Result<Laun
     let run = crate::host::run_host(&cfg, world, &progress)?;
     meta.world = run.world;
     meta.purlin_blocks_per_role = Some(run.blocks_per_role);
+    meta.purlin_max_blocks = run.max_blocks;
     meta.backends.insert(0, BackendStatus { backend: BackendKind::Purlin, status: Status::Ok });
     meta.error = run.outcome.error.clone();
     Ok(Launched::Rank0 { meta, rows: run.outcome.rows, started: start })

@@ -54,6 +54,8 @@ pub struct Meta {
     /// communicator's default or `PURLIN_BLOCKS_PER_ROLE`); plans may use fewer where the
     /// co-residency bound or the parameter block requires.
     pub purlin_blocks_per_role: Option<u32>,
+    /// Purlin's cap on one call's blocks (`Tuning::max_blocks`, `PURLIN_MAX_BLOCKS`), if set.
+    pub purlin_max_blocks: Option<u32>,
 }
 
 impl Meta {
@@ -70,7 +72,11 @@ impl Meta {
         } else {
             "the GPU default"
         };
-        Some(format!("purlin blocks per role: {b} ({from})"))
+        let cap = match self.purlin_max_blocks {
+            Some(cap) => format!("; at most {cap} blocks per call (PURLIN_MAX_BLOCKS)"),
+            None => String::new(),
+        };
+        Some(format!("purlin blocks per role: {b} ({from}){cap}"))
     }
 }
 
@@ -432,6 +438,7 @@ pub(crate) mod tests {
             topology: None,
             executor: Executor::Gpu,
             purlin_blocks_per_role: Some(16),
+            purlin_max_blocks: None,
         }
     }
 
@@ -509,6 +516,7 @@ pub(crate) mod tests {
             executor: Executor::Host,
             notes: vec!["no GPU: no CUDA driver. NCCL columns are absent".into()],
             purlin_blocks_per_role: Some(2),
+            purlin_max_blocks: Some(16),
             ..sample_meta()
         };
         let t = table(&rows, &[BackendKind::Purlin], &meta);
@@ -516,6 +524,7 @@ pub(crate) mod tests {
         assert!(first.ends_with("[host executor (no GPU)]"), "{first}");
         assert!(t.contains("# no GPU: no CUDA driver. NCCL columns are absent"), "{t}");
         assert!(t.contains("# purlin blocks per role: 2 ("), "{t}");
+        assert!(t.contains("at most 16 blocks per call (PURLIN_MAX_BLOCKS)"), "{t}");
         let data: Vec<&str> = t.lines().filter(|l| l.starts_with("  ")).collect();
         assert_eq!(data.len(), 5);
         assert!(data.iter().all(|l| l.ends_with("| host executor (no GPU)")), "{t}");

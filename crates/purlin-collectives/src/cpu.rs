@@ -133,6 +133,9 @@ impl CpuConfig {
         if set("PURLIN_LATENCY_MAX_BYTES") {
             c.tuning.latency_max_bytes = env.latency_max_bytes;
         }
+        if set("PURLIN_MAX_BLOCKS") {
+            c.tuning.max_blocks = env.max_blocks;
+        }
         for (var, field) in
             [("PURLIN_VERIFY_STATES", &mut c.verify.max_states), ("PURLIN_VERIFY_SCHEDULES", &mut c.verify.schedules)]
         {
