@@ -75,6 +75,10 @@ usage: purlin-bench [options]          one process, one thread per GPU
   --blocks N         Purlin's blocks per role (tuning's blocks_per_role; NCCL keeps
                      its own tuning)        [GPU: 16 or PURLIN_BLOCKS_PER_ROLE; host: 2]
   --skew S           Zipf exponent of the V forms' partition sizes     [1.0]
+  --in-place         every call in place, NCCL's convention (nccl-tests' in-place
+                     columns): AllReduce on one buffer, AllGather with the rank's
+                     part already in the output, ReduceScatter into the rank's part
+                     of the input; AllToAll and the V forms: unsupported
   --backends LIST    purlin,nccl,nccl-symm | all                       [all]
   --timeout SECS     bound on every wait (a stuck peer stops the run)  [120]
   --seed N           input seed                                        [1]
@@ -110,6 +114,7 @@ fn default_config() -> Config {
         budget_s: 0.5,
         blocks: None,
         skew: 1.0,
+        in_place: false,
         backends: BackendKind::ALL.to_vec(),
         timeout_s: 120.0,
         seed: 1,
@@ -203,6 +208,10 @@ pub fn parse(args: &[String]) -> Result<Args> {
         }
         if flag == "--no-probe" {
             a.probe = false;
+            continue;
+        }
+        if flag == "--in-place" {
+            a.config.in_place = true;
             continue;
         }
         if flag == "--help" || flag == "-h" {

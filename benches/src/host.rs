@@ -161,6 +161,17 @@ impl Backend for HostPurlin {
             )));
         }
         let spec = spec_of(case, &self.comm);
+        if let Some(layout) = case.in_place_layout(r).filter(|_| case.in_place) {
+            let bytes = layout.len * es;
+            if bytes > self.recv.len() {
+                return Err(CallError::Failed(format!("a receive buffer of {} bytes for {bytes}", self.recv.len())));
+            }
+            // SAFETY: a live allocation of at least `bytes` bytes (checked above), owned by
+            // `self`; reached only through `HostDevice` between calls, and `&mut self` keeps
+            // this the only access while the call runs.
+            let buf = unsafe { std::slice::from_raw_parts_mut(self.recv.ptr.cast::<u8>(), bytes) };
+            return self.comm.execute_bytes_in_place(&spec, buf).map_err(crate::purlin::map_err);
+        }
         // SAFETY: both buffers are live allocations of at least these lengths (checked
         // above), owned by `self` and distinct; the sweep reaches them only through
         // `HostDevice` between calls, never during one (calls complete before they return),

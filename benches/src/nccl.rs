@@ -216,8 +216,14 @@ impl Nccl {
     fn call(&mut self, case: &Case) -> Result<(), String> {
         let (dt, rop, comm, stream) = (dtype(case.dtype), op(case.op), self.comm, self.stream);
         let (r, n) = (self.rank, self.world);
-        let s = |off| self.elem_ptr(true, off, case) as *const c_void;
-        let d = |off| self.elem_ptr(false, off, case);
+        // In place (NCCL's convention): input and output both in the receive buffer, at
+        // the layout's offsets.
+        let layout = case.in_place_layout(r).filter(|_| case.in_place);
+        let s = |off| match layout {
+            Some(l) => self.elem_ptr(false, l.input_at + off, case) as *const c_void,
+            None => self.elem_ptr(true, off, case) as *const c_void,
+        };
+        let d = |off| self.elem_ptr(false, layout.map_or(0, |l| l.output_at) + off, case);
         // The safety argument of every call below: the pointers lie inside this rank's
         // send/recv buffers, sized at set-up for the sweep's largest case (Config::buffer_bytes);
         // counts follow the case's layout, which every rank computes identically; comm and

@@ -116,6 +116,19 @@ fn call_typed<T: purlin_collectives::comm::NcclType + cudarc::driver::DeviceRepr
     case: &Case,
 ) -> Result<(), CallError> {
     let r = comm.rank();
+    if let Some(layout) = case.in_place_layout(r).filter(|_| case.in_place) {
+        // SAFETY: the receive buffer was sized for the sweep's largest in-place buffer
+        // (Config::buffer_bytes); T is a plain element type.
+        let mut b: CudaViewMut<'_, T> = unsafe { recv.transmute_mut::<T>(layout.len) }
+            .ok_or_else(|| CallError::Failed("receive buffer too small".into()))?;
+        let res = match case.collective {
+            Collective::AllReduce => comm.all_reduce_in_place(&mut b, &op(case.op)),
+            Collective::AllGather => comm.all_gather_in_place(&mut b),
+            Collective::ReduceScatter => comm.reduce_scatter_in_place(&mut b, &op(case.op)),
+            other => return Err(CallError::Unsupported(format!("{other} has no in-place form"))),
+        };
+        return res.map(drop).map_err(map_err);
+    }
     let (n_send, n_recv) = (case.in_count(r), case.out_count(r));
     // SAFETY: the buffers were sized for the sweep's largest case in bytes; n × size_of::<T>
     // fits; T is a plain element type for which every bit pattern is a value.

@@ -188,9 +188,10 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "# {collective}  {}  {}  {mode}  (size = {}){}",
+            "# {collective}  {}  {}  {mode}{}  (size = {}){}",
             first.dtype,
             first.op.map_or("none", |o| o.name()),
+            if first.in_place { "  in place" } else { "" },
             collective.bytes_meaning(),
             if first.executor == Executor::Host { format!("  [{}]", Executor::Host.label()) } else { String::new() }
         );
@@ -259,7 +260,7 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
 /// `blocks_per_role` is Purlin's (empty on NCCL's lines).
 pub fn csv(rows: &[Row], meta: &Meta) -> String {
     let mut s = String::from(
-        "collective,dtype,op,mode,world,bytes,count,backend,status,time_us,p99_us,algbw_gbps,busbw_gbps,wrong,runs,iters,speedup_vs_nccl,speedup_vs_nccl_symm,executor,blocks_per_role,reason\n",
+        "collective,dtype,op,mode,world,bytes,count,backend,status,time_us,p99_us,algbw_gbps,busbw_gbps,wrong,runs,iters,speedup_vs_nccl,speedup_vs_nccl_symm,executor,blocks_per_role,placement,reason\n",
     );
     let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.4}"));
     for r in rows {
@@ -276,7 +277,7 @@ pub fn csv(rows: &[Row], meta: &Meta) -> String {
             };
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
                 r.collective,
                 r.dtype,
                 r.op.map_or("none", |o| o.name()),
@@ -297,6 +298,7 @@ pub fn csv(rows: &[Row], meta: &Meta) -> String {
                 ss,
                 r.executor.label(),
                 blocks,
+                if r.in_place { "in-place" } else { "out-of-place" },
                 reason
             );
         }
@@ -389,6 +391,7 @@ pub(crate) mod tests {
                 count: bytes / 4,
                 world: 2,
                 executor: Executor::Gpu,
+                in_place: false,
                 cells: vec![
                     cell(BackendKind::Purlin, t_purlin, if i == 2 { 3 } else { 0 }),
                     cell(BackendKind::Nccl, t_nccl, 0),
@@ -405,6 +408,7 @@ pub(crate) mod tests {
             count: 16,
             world: 2,
             executor: Executor::Gpu,
+            in_place: true,
             cells: vec![
                 Cell::status(BackendKind::Purlin, Status::NotImplemented("no all_to_all yet".into())),
                 Cell { time_us: Some(20.0), ..Cell::status(BackendKind::Nccl, Status::Ok) },
@@ -487,16 +491,17 @@ pub(crate) mod tests {
         let lines: Vec<&str> = c.lines().collect();
         assert_eq!(lines.len(), 1 + 5 * 3);
         let header: Vec<&str> = lines[0].split(',').collect();
-        assert_eq!(header.len(), 21);
+        assert_eq!(header.len(), 22);
         for l in &lines[1..] {
             // The reason is the last, quoted field; the others have no commas.
             let (head, _) = l.split_once(",\"").unwrap();
-            assert_eq!(head.split(',').count(), 20, "{l}");
+            assert_eq!(head.split(',').count(), 21, "{l}");
         }
         assert!(lines[1].starts_with("all-reduce,f32,sum,eager,2,8,2,purlin,ok,"));
         // Purlin's lines carry its blocks per role, NCCL's do not.
-        assert!(lines[1].ends_with(",gpu,16,\"\""), "{}", lines[1]);
-        assert!(lines[2].ends_with(",gpu,,\"\""), "{}", lines[2]);
+        assert!(lines[1].ends_with(",gpu,16,out-of-place,\"\""), "{}", lines[1]);
+        assert!(lines[2].ends_with(",gpu,,out-of-place,\"\""), "{}", lines[2]);
+        assert!(lines[13].contains(",in-place,"), "{}", lines[13]);
         let j: serde_json::Value = serde_json::from_str(&json(&rows, &sample_meta()).unwrap()).unwrap();
         assert_eq!(j["meta"]["nccl"], "2.28.3");
         assert_eq!(j["rows"].as_array().unwrap().len(), 5);

@@ -77,6 +77,9 @@ pub struct Config {
     pub blocks: Option<usize>,
     /// Zipf exponent of the V forms' partition sizes.
     pub skew: f64,
+    /// Every call in place (NCCL's convention; AllToAll and the V forms have no in-place
+    /// form and are reported unsupported).
+    pub in_place: bool,
     /// Backends, in column order.
     pub backends: Vec<BackendKind>,
     /// Bound on every wait (stream, barrier), seconds.
@@ -102,7 +105,9 @@ impl Config {
     pub fn case(&self, collective: Collective, bytes: usize, world: usize) -> Option<Case> {
         let ci = Collective::ALL.iter().position(|c| *c == collective).unwrap_or(0) as u64;
         let seed = self.seed ^ (ci << 56) ^ (bytes as u64).wrapping_mul(0x2545_F491_4F6C_DD1D);
-        Case::new(collective, self.dtype, self.op, world, bytes, self.skew, seed)
+        let mut case = Case::new(collective, self.dtype, self.op, world, bytes, self.skew, seed)?;
+        case.in_place = self.in_place;
+        Some(case)
     }
 
     /// The largest send and receive buffers any rank needs over the whole sweep.
@@ -114,6 +119,10 @@ impl Config {
                     for rank in 0..world {
                         s = s.max(case.in_count(rank) * self.dtype.size());
                         r = r.max(case.out_count(rank) * self.dtype.size());
+                        // In place, the receive buffer holds the input too.
+                        if let Some(l) = case.in_place_layout(rank).filter(|_| self.in_place) {
+                            r = r.max(l.len * self.dtype.size());
+                        }
                     }
                 }
             }
@@ -182,6 +191,8 @@ pub struct Row {
     pub world: usize,
     /// What ran Purlin's calls.
     pub executor: Executor,
+    /// In place (NCCL's convention), or out of place.
+    pub in_place: bool,
     /// One cell per backend, in column order.
     pub cells: Vec<Cell>,
 }
@@ -408,13 +419,18 @@ fn sweep(
                     count: case.count,
                     world,
                     executor: cfg.executor,
+                    in_place: case.in_place,
                     cells: Vec::new(),
                 })
                 .collect();
             let mut line = format!("[{done}/{total}] {collective} {}", crate::spec::format_size(case.bytes()));
             for be in backends.iter_mut() {
                 let kind = be.kind();
-                let support = be.supports(&case);
+                let support = if case.in_place && case.in_place_layout(rank).is_none() {
+                    Err(CallError::Unsupported(format!("{collective} has no in-place form")))
+                } else {
+                    be.supports(&case)
+                };
                 let agreed = agree_call(coord, support)?;
                 if let Err(status) = agreed {
                     for row in &mut mode_rows {
@@ -423,9 +439,12 @@ fn sweep(
                     line.push_str(&format!("  {kind}: {}", status.label()));
                     continue;
                 }
-                gpu.upload(be.send_ptr(), &input)?;
+                if !case.in_place {
+                    gpu.upload(be.send_ptr(), &input)?;
+                }
                 for row in &mut mode_rows {
-                    let cell = measure(cfg, gpu, coord, be.as_mut(), &case, row.mode, &expected, &mut host_out)?;
+                    let data = Data { input: &input, expected: &expected };
+                    let cell = measure(cfg, gpu, coord, be.as_mut(), &case, row.mode, data, &mut host_out)?;
                     line.push_str(&format!("  {kind}/{}: {}", row.mode, cell_brief(&cell)));
                     row.cells.push(cell);
                 }
@@ -473,6 +492,13 @@ fn agree_call(coord: &Coord, local: Result<(), CallError>) -> Result<Result<(), 
     bail!("call failed: {}", detail.join("; "))
 }
 
+/// A case's input and expected output on this rank, as bytes.
+#[derive(Clone, Copy)]
+struct Data<'a> {
+    input: &'a [u8],
+    expected: &'a [u8],
+}
+
 /// Checks one call (or replay) and times `runs` runs. Errors are fatal (the sweep stops).
 #[allow(clippy::too_many_arguments)]
 fn measure(
@@ -482,20 +508,35 @@ fn measure(
     be: &mut dyn Backend,
     case: &Case,
     mode: Mode,
-    expected: &[u8],
+    data: Data<'_>,
     host_out: &mut Vec<u8>,
 ) -> Result<Cell> {
+    let expected = data.expected;
     let kind = be.kind();
     let iters = cfg.iters.max(1);
     let timeout = cfg.timeout();
-    let out_bytes = case.out_count(coord.rank()) * case.dtype.size();
+    let (rank, es) = (coord.rank(), case.dtype.size());
+    let out_bytes = case.out_count(rank) * es;
     let recv = be.recv_ptr();
+    // Before a checked call: the output poisoned; in place, the whole buffer poisoned and
+    // the input put back where NCCL's convention has it (timed calls overwrite it).
+    let layout = if case.in_place { case.in_place_layout(rank) } else { None };
+    let prepare = || -> Result<()> {
+        match layout {
+            Some(l) => {
+                gpu.fill(recv, POISON, l.len * es)?;
+                gpu.upload(recv + (l.input_at * es) as u64, data.input)
+            }
+            None => gpu.fill(recv, POISON, out_bytes),
+        }
+    };
+    let output = recv + layout.map_or(0, |l| l.output_at * es) as u64;
 
     // The checked call (eager) or the capture (graph).
     let mut graph = None;
     let issued = match mode {
         Mode::Eager => {
-            gpu.fill(recv, POISON, out_bytes)?;
+            prepare()?;
             be.enqueue(case)
         }
         Mode::Graph => {
@@ -527,12 +568,12 @@ fn measure(
     }
     let async_err = || be_async_error(be);
     if let Some(g) = &graph {
-        gpu.fill(recv, POISON, out_bytes)?;
+        prepare()?;
         g.launch()?;
     }
     gpu.sync(coord, timeout, &async_err)?;
     host_out.resize(out_bytes, 0);
-    gpu.download(host_out, recv)?;
+    gpu.download(host_out, output)?;
     let wrong = case.count_wrong(host_out, expected);
     if let Some((i, got, want)) = wrong.first {
         eprintln!(

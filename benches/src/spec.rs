@@ -584,6 +584,20 @@ pub struct Case {
     pub seed: u64,
     /// The input rule.
     pub rule: ValueRule,
+    /// In place (NCCL's convention, nccl-tests' in-place columns): one buffer per rank, the
+    /// receive buffer, laid out as [`Case::in_place_layout`] says.
+    pub in_place: bool,
+}
+
+/// Where an in-place call's input and output lie in its one buffer, in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InPlaceLayout {
+    /// The buffer's elements.
+    pub len: usize,
+    /// Where the input starts.
+    pub input_at: usize,
+    /// Where the output starts.
+    pub output_at: usize,
 }
 
 impl Case {
@@ -630,7 +644,31 @@ impl Case {
                 (elems, vec![row; n])
             }
         };
-        Some(Case { collective, dtype, op, world, count, matrix, seed, rule: ValueRule::new(dtype, op, world) })
+        Some(Case {
+            collective,
+            dtype,
+            op,
+            world,
+            count,
+            matrix,
+            seed,
+            rule: ValueRule::new(dtype, op, world),
+            in_place: false,
+        })
+    }
+
+    /// Rank `rank`'s in-place layout, NCCL's convention: AllReduce on the whole buffer,
+    /// AllGather with the rank's input at partition `rank` of the output, ReduceScatter
+    /// with the output at partition `rank` of the input. `None`: the collective has no
+    /// in-place form (AllToAll and the V forms).
+    pub fn in_place_layout(&self, rank: usize) -> Option<InPlaceLayout> {
+        let (input, output) = (self.in_count(rank), self.out_count(rank));
+        match self.collective {
+            Collective::AllReduce => Some(InPlaceLayout { len: output, input_at: 0, output_at: 0 }),
+            Collective::AllGather => Some(InPlaceLayout { len: output, input_at: rank * input, output_at: 0 }),
+            Collective::ReduceScatter => Some(InPlaceLayout { len: input, input_at: 0, output_at: rank * output }),
+            _ => None,
+        }
     }
 
     /// The size in bytes (nccl-tests' definition, see [`Collective::bytes_meaning`]).
@@ -999,5 +1037,21 @@ mod tests {
         assert_eq!((c.in_count(0), c.out_count(0), c.bytes()), (1, 2, 8));
         let c = Case::new(Collective::ReduceScatter, Dtype::F32, Op::Sum, 3, 40, 0.0, 0).unwrap();
         assert_eq!((c.count, c.in_count(1), c.out_count(1)), (9, 9, 3));
+    }
+
+    /// NCCL's in-place convention: AllGather's input at the rank's partition of the output,
+    /// ReduceScatter's output at the rank's partition of the input; no in-place AllToAll.
+    #[test]
+    fn in_place_layouts_follow_nccl() {
+        let case = |c| Case::new(c, Dtype::F32, Op::Sum, 4, 4096, 1.0, 7).unwrap();
+        let ar = case(Collective::AllReduce).in_place_layout(3).unwrap();
+        assert_eq!((ar.len, ar.input_at, ar.output_at), (1024, 0, 0));
+        let ag = case(Collective::AllGather).in_place_layout(3).unwrap();
+        assert_eq!((ag.len, ag.input_at, ag.output_at), (1024, 768, 0));
+        let rs = case(Collective::ReduceScatter).in_place_layout(2).unwrap();
+        assert_eq!((rs.len, rs.input_at, rs.output_at), (1024, 0, 512));
+        for c in [Collective::AllToAll, Collective::AllGatherV, Collective::ReduceScatterV, Collective::AllToAllV] {
+            assert_eq!(case(c).in_place_layout(0), None, "{c}");
+        }
     }
 }

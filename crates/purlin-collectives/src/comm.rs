@@ -957,9 +957,30 @@ impl Comm {
     ) -> Result<Status, Error> {
         let spec =
             CollectiveSpec::all_reduce(self.world as u32, snac_dtype::<T>(), snac_op(reduce_op), buff.len() as u64);
-        self.check_device(buff)?;
-        let (ptr, _record) = buff.device_ptr_mut(&self.stream);
-        self.launch_collective(spec, true, ptr, ptr)
+        self.collective_in_place(spec, buff)
+    }
+
+    /// In-place AllGather (NCCL's convention, `sendbuff == recvbuff + rank * count`): `buff`
+    /// holds `world` partitions of `buff.len() / world` elements, this rank's contribution
+    /// already in partition `rank`; the call fills the others.
+    pub fn all_gather_in_place<R: DevicePtrMut<T>, T: NcclType>(&self, buff: &mut R) -> Result<Status, Error> {
+        let count = self.whole_partitions(buff.len(), "all_gather_in_place")?;
+        let spec = CollectiveSpec::all_gather(self.world as u32, snac_dtype::<T>(), count);
+        self.collective_in_place(spec, buff)
+    }
+
+    /// In-place ReduceScatter (NCCL's convention, `recvbuff == sendbuff + rank * count`):
+    /// `buff` holds `world` partitions of `buff.len() / world` elements; partition `rank`
+    /// receives the reduction over ranks of their partition `rank`, and the other partitions
+    /// are left as they were.
+    pub fn reduce_scatter_in_place<R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        buff: &mut R,
+        reduce_op: &ReduceOp,
+    ) -> Result<Status, Error> {
+        let count = self.whole_partitions(buff.len(), "reduce_scatter_in_place")?;
+        let spec = CollectiveSpec::reduce_scatter(self.world as u32, snac_dtype::<T>(), snac_op(reduce_op), count);
+        self.collective_in_place(spec, buff)
     }
 
     /// AllToAll: `sendbuff` holds `world` partitions of `sendbuff.len() / world` elements,
@@ -1051,6 +1072,46 @@ impl Comm {
         self.launch_collective(spec, false, input, output)
     }
 
+    /// `len` elements as `world` equal partitions, or an `InvalidArgument` naming `what`.
+    fn whole_partitions(&self, len: usize, what: &str) -> Result<u64, Error> {
+        if len % self.world != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: {len} elements do not split into {} equal partitions",
+                self.world
+            )));
+        }
+        Ok((len / self.world) as u64)
+    }
+
+    /// An in-place call on one buffer: the plan's alias says where in it the input or the
+    /// output lies (AllReduce: both the whole buffer; AllGather: the input is this rank's
+    /// partition; ReduceScatter: the output is).
+    fn collective_in_place<R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        spec: CollectiveSpec,
+        buff: &mut R,
+    ) -> Result<Status, Error> {
+        spec.validate()?;
+        self.check_device(buff)?;
+        let prepared = self.prepared(spec, true)?;
+        let bytes = (buff.len() * std::mem::size_of::<T>()) as u64;
+        let res = prepared.plan.resources;
+        let (input_at, output_at) = match res.alias {
+            Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
+            Some(purlin_snac::Alias::OutputInInput(o)) => (0, o),
+            None => (0, 0),
+        };
+        if input_at + res.input_bytes > bytes || output_at + res.output_bytes > bytes {
+            return Err(Error::InvalidArgument(format!(
+                "{:?} in place: a {bytes}-byte buffer does not hold the call's input ({} bytes at {input_at}) \
+                 and output ({} bytes at {output_at})",
+                prepared.plan.spec.collective, res.input_bytes, res.output_bytes
+            )));
+        }
+        let (ptr, _record) = buff.device_ptr_mut(&self.stream);
+        self.launch_prepared(&prepared, ptr + input_at, ptr + output_at)
+    }
+
     /// The plan of a call, derived once per (spec, in place) and kept with its parameter
     /// block.
     pub(crate) fn prepared(&self, spec: CollectiveSpec, in_place: bool) -> Result<Arc<PreparedPlan>, Error> {
@@ -1101,13 +1162,20 @@ impl Comm {
         input: u64,
         output: u64,
     ) -> Result<Status, Error> {
+        let prepared = self.prepared(spec, in_place)?;
+        self.launch_prepared(&prepared, input, output)
+    }
+
+    /// Launches a prepared plan on `input` and `output`, device pointers of this GPU that the
+    /// caller checked hold the plan's input and output bytes.
+    fn launch_prepared(&self, prepared: &PreparedPlan, input: u64, output: u64) -> Result<Status, Error> {
         if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(Error::Poisoned(why));
         }
-        let prepared = self.prepared(spec, in_place)?;
         let rt = self.runtime(input, output);
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
-        // checked (in place: one buffer), kept alive by the caller's borrow until the launch
+        // checked (in place: one buffer that holds the plan's input and output at their alias
+        // offsets, checked by `collective_in_place`), kept alive by the caller's borrow until the launch
         // is enqueued and ordered by cudarc's stream events; the workspace addresses are
         // every rank's live workspace, mapped here until teardown, which synchronises first.
         unsafe { self.exec.launch(&self.stream, &prepared.plan, &prepared.params, &rt) }?;
@@ -1322,6 +1390,20 @@ impl<'g> Group<'g> {
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
         self.comm.all_reduce_in_place(&mut buff, reduce_op)
+    }
+
+    /// [`Comm::all_gather_in_place`].
+    pub fn all_gather_in_place<'r: 'g, T: NcclType>(&mut self, mut buff: CudaViewMut<'r, T>) -> Result<Status, Error> {
+        self.comm.all_gather_in_place(&mut buff)
+    }
+
+    /// [`Comm::reduce_scatter_in_place`].
+    pub fn reduce_scatter_in_place<'r: 'g, T: NcclType>(
+        &mut self,
+        mut buff: CudaViewMut<'r, T>,
+        reduce_op: &ReduceOp,
+    ) -> Result<Status, Error> {
+        self.comm.reduce_scatter_in_place(&mut buff, reduce_op)
     }
 
     /// [`Comm::reduce`].

@@ -304,3 +304,85 @@ fn large_calls_back_to_back_match_the_reference() {
     println!("EXEC large back-to-back: {cases} cases, {wrong} wrong elements");
     assert_eq!(wrong, 0);
 }
+
+/// One in-place AllGather or ReduceScatter on every rank (NCCL's convention: one buffer of
+/// `world × n` elements, this rank's part at `rank × n`); returns the wrong elements of the
+/// whole buffers (a ReduceScatter must leave the other partitions as they were).
+fn run_in_place<T: Elem>(comms: &[Comm], gather: bool, op: ReduceOp, n: usize, rng: &mut Rng) -> usize {
+    let world = comms.len();
+    let inputs: Vec<Vec<T>> = (0..world)
+        .map(|_| (0..if gather { n } else { n * world }).map(|_| T::from_i64(rng.small(T::NAME == "u8"))).collect())
+        .collect();
+    let mut bufs: Vec<CudaSlice<T>> = Vec::new();
+    for (r, c) in comms.iter().enumerate() {
+        let host: Vec<T> = if gather {
+            // Poison everywhere but the rank's own part.
+            (0..world * n).map(|i| if i / n == r { inputs[r][i % n] } else { T::poison() }).collect()
+        } else {
+            inputs[r].clone()
+        };
+        bufs.push(c.stream().clone_htod(&host).expect("upload"));
+    }
+    for (r, c) in comms.iter().enumerate() {
+        let res =
+            if gather { c.all_gather_in_place(&mut bufs[r]) } else { c.reduce_scatter_in_place(&mut bufs[r], &op) };
+        res.unwrap_or_else(|e| panic!("in place gather={gather} {} n={n} rank {r}: {e}", T::NAME));
+    }
+    let mut wrong = 0;
+    for (r, c) in comms.iter().enumerate() {
+        let got: Vec<T> = c.stream().clone_dtoh(&bufs[r]).expect("download");
+        let expect: Vec<f64> = if gather {
+            (0..world).flat_map(|p| inputs[p].iter().map(|x| x.to_f64())).collect()
+        } else {
+            (0..world * n)
+                .map(|i| if i / n == r { reduce_ref(op, &inputs, i, world) } else { inputs[r][i].to_f64() })
+                .collect()
+        };
+        let bad = got.iter().zip(&expect).filter(|(g, e)| g.to_f64() != **e).count();
+        if bad > 0 {
+            let first = got.iter().zip(&expect).position(|(g, e)| g.to_f64() != *e).unwrap_or(0);
+            println!(
+                "EXEC WRONG in place gather={gather} {} {op:?} n={n} rank {r}: {bad} wrong, first at {first}: got {:?} want {}",
+                T::NAME,
+                got[first],
+                expect[first]
+            );
+        }
+        wrong += bad;
+    }
+    wrong
+}
+
+/// `Comm::all_gather_in_place` and `Comm::reduce_scatter_in_place` in both regimes, under
+/// the default tuning and under a 5-block cap, against the reference; a buffer that does
+/// not split into `world` partitions is a typed error.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+fn in_place_gathers_and_scatters_match_the_reference() {
+    let Some(g) = gpus() else { panic!("needs 2 GPUs") };
+    let mut rng = Rng(0x5eed_1a9e);
+    let (mut cases, mut wrong) = (0, 0);
+    for max_blocks in [None, Some(5)] {
+        let mut cfg = config(None, StagingSide::Peer);
+        cfg.tuning.max_blocks = max_blocks;
+        let comms = Comm::from_devices_with_config(g.streams.clone(), cfg).expect("set-up");
+        for n in [1, 4099, 300_001, 3 << 20] {
+            wrong += run_in_place::<f32>(&comms, true, ReduceOp::Sum, n, &mut rng);
+            wrong += run_in_place::<half::bf16>(&comms, true, ReduceOp::Sum, n, &mut rng);
+            wrong += run_in_place::<u8>(&comms, true, ReduceOp::Sum, n, &mut rng);
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                wrong += run_in_place::<f32>(&comms, false, op, n, &mut rng);
+            }
+            wrong += run_in_place::<half::bf16>(&comms, false, ReduceOp::Prod, n, &mut rng);
+            cases += 7;
+        }
+        let mut odd: CudaSlice<f32> = comms[0].stream().alloc_zeros(comms.len() * 10 + 1).expect("alloc");
+        let err = comms[0].all_gather_in_place(&mut odd).expect_err("a buffer of world x n + 1 elements");
+        assert!(err.to_string().contains("partitions"), "{err}");
+        for c in &comms {
+            c.async_error().expect("no device error");
+        }
+    }
+    println!("EXEC in place: {cases} cases on {} ranks, {wrong} wrong elements", g.streams.len());
+    assert_eq!(wrong, 0);
+}
