@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::backend::{Backend, BackendKind, CallError, Status};
 use crate::coord::Coord;
-use crate::gpu::{Device, Gpu};
+use crate::gpu::{Device, Gpu, Replay};
 use crate::nccl;
 use crate::spec::{Case, Collective, Dtype, Mode, Op, POISON, sweep_sizes};
 
@@ -533,7 +533,8 @@ fn measure(
     let output = recv + layout.map_or(0, |l| l.output_at * es) as u64;
 
     // The checked call (eager) or the capture (graph).
-    let mut graph = None;
+    let mut graph: Option<Box<dyn Replay>> = None;
+    let mut check_graph: Option<Box<dyn Replay>> = None;
     let issued = match mode {
         Mode::Eager => {
             prepare()?;
@@ -547,27 +548,32 @@ fn measure(
                 return Ok(Cell::status(kind, status));
             }
             gpu.sync(coord, timeout, &|| be_async_error(be))?;
-            let mut issue = || -> Result<(), CallError> {
-                for _ in 0..iters {
-                    be.enqueue(case)?;
-                }
-                Ok(())
-            };
-            match gpu.capture(&mut issue) {
-                Ok(Some(g)) => {
-                    graph = Some(g);
+            let mut capture = |calls: usize| -> Result<Box<dyn Replay>, CallError> {
+                let mut issue = || -> Result<(), CallError> {
+                    for _ in 0..calls {
+                        be.enqueue(case)?;
+                    }
                     Ok(())
-                }
-                Ok(None) => Err(CallError::Unsupported("graph mode needs a GPU".into())),
-                Err(e) => Err(e),
-            }
+                };
+                gpu.capture(&mut issue)?.ok_or_else(|| CallError::Unsupported("graph mode needs a GPU".into()))
+            };
+            // In place, calls compound (an AllReduce sums its own result again), so the
+            // check replays a graph of one call and the timed runs another of `iters`.
+            let captured = capture(iters).and_then(|timed| {
+                let check = if case.in_place { Some(capture(1)?) } else { None };
+                Ok((timed, check))
+            });
+            captured.map(|(timed, check)| {
+                graph = Some(timed);
+                check_graph = check;
+            })
         }
     };
     if let Err(status) = agree_call(coord, issued)? {
         return Ok(Cell::status(kind, status));
     }
     let async_err = || be_async_error(be);
-    if let Some(g) = &graph {
+    if let Some(g) = check_graph.as_ref().or(graph.as_ref()) {
         prepare()?;
         g.launch()?;
     }
