@@ -209,9 +209,10 @@ pub fn band_bytes(spec: &CollectiveSpec) -> u64 {
 }
 
 /// How many reading roles a staged plan of `spec` has: two (Head and Tail) for an AllReduce
-/// composed of a ReduceScatter and an AllGather (beyond two ranks, or in place), else one.
-fn reading_roles(spec: &CollectiveSpec, in_place: bool) -> u32 {
-    let composed = spec.collective == Collective::AllReduce && (spec.world > 2 || in_place);
+/// composed of a ReduceScatter and an AllGather (beyond two ranks: `AllReduceAlgo::Auto`),
+/// else one.
+fn reading_roles(spec: &CollectiveSpec) -> u32 {
+    let composed = spec.collective == Collective::AllReduce && spec.world > 2;
     if composed { 2 } else { 1 }
 }
 
@@ -226,7 +227,7 @@ fn reading_roles(spec: &CollectiveSpec, in_place: bool) -> u32 {
 /// against 43 with 8: round 44). A 256 MiB AllGather at world 2 on 16 blocks: 6 writers,
 /// 10 readers; an AllReduce: 7 and 9.
 pub fn role_split(spec: &CollectiveSpec, in_place: bool, cap: u32) -> (u32, u32) {
-    let roles = reading_roles(spec, in_place);
+    let roles = reading_roles(spec);
     let cap = cap.max(1 + roles);
     let world = f64::from(spec.world);
     let (mut writers, mut readers) = (0f64, 0f64);
@@ -294,7 +295,7 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
             // A gather may add as many blocks again for the rank's own part.
             let own = if spec.collective.consume_op() == ConsumeOp::Gather { 2 } else { 1 };
             blocks = blocks.min((max / own).max(1));
-        } else if blocks + reading_roles(spec, in_place) * consumer_blocks.unwrap_or(blocks) > max {
+        } else if blocks + reading_roles(spec) * consumer_blocks.unwrap_or(blocks) > max {
             let (writers, readers) = role_split(spec, in_place, max);
             blocks = writers;
             consumer_blocks = Some(readers);
@@ -476,10 +477,13 @@ mod tests {
         assert_eq!(role_split(&gather, true, 16), (8, 8));
         // Writers push the input, readers read two sources and write one.
         assert_eq!(role_split(&reduce, false, 16), (7, 9));
-        // Composed (in place): writers push one shard, the Head reads two and writes three
-        // (its output and the peer's staging), the Tail copies one; Head and Tail get as
-        // many blocks each.
-        assert_eq!(role_split(&reduce, true, 16), (4, 6));
+        // In place at world 2 the AllReduce stays direct: the same split.
+        assert_eq!(role_split(&reduce, true, 16), (7, 9));
+        // Composed (world 4): writers push three shards, the Head reads four and writes
+        // seven (its output and three peers' staging), the Tail copies three; Head and Tail
+        // get as many blocks each.
+        let reduce4 = CollectiveSpec::all_reduce(4, DataType::Bf16, ReduceOp::Sum, 128 << 20);
+        assert_eq!(role_split(&reduce4, false, 16), (4, 6));
         // A cap below what a staged plan needs is raised to it.
         assert_eq!(role_split(&gather, false, 1), (1, 1));
         assert_eq!(role_split(&CollectiveSpec::all_reduce(4, DataType::F32, ReduceOp::Sum, 1 << 20), false, 1), (1, 1));

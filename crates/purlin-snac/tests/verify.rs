@@ -226,6 +226,7 @@ fn in_place_calls() {
             (Collective::AllReduce, Regime::Latency, AllReduceAlgo::OneShot),
             (Collective::AllReduce, Regime::Latency, AllReduceAlgo::TwoShot),
             (Collective::AllReduce, Regime::Throughput, AllReduceAlgo::TwoShot),
+            (Collective::AllReduce, Regime::Throughput, AllReduceAlgo::OneShot),
             (Collective::AllGather, Regime::Throughput, AllReduceAlgo::Auto),
             (Collective::AllGather, Regime::Latency, AllReduceAlgo::Auto),
             (Collective::ReduceScatter, Regime::Throughput, AllReduceAlgo::Auto),
@@ -238,6 +239,44 @@ fn in_place_calls() {
                 assert!(p.iter().all(|p| p.resources.alias.is_some()));
                 must_verify(&[p.clone(), p.clone(), p], &format!("in-place {c:?} w{world} {regime:?} {side:?}"));
             }
+        }
+    }
+}
+
+/// A direct AllReduce in place overwrites the input its own writers stage: without the
+/// readers' wait for their own writers' "staged" signal, the verifier finds the race.
+#[test]
+fn in_place_direct_allreduce_needs_its_staged_wait() {
+    for side in [StagingSide::Own, StagingSide::Peer] {
+        for blocks in [1, 2] {
+            let cfg = PlanConfig {
+                in_place: true,
+                allreduce: AllReduceAlgo::OneShot,
+                ..small(Regime::Throughput, side, blocks)
+            };
+            let spec = spec_of(Collective::AllReduce, 2, DataType::U8, 200, vec![]);
+            let good = plans(&spec, &cfg);
+            must_verify(&[good.clone(), good.clone()], &format!("in-place direct {side:?} {blocks} blocks"));
+            // Remove every consumer's wait right before its reduce: the staged wait.
+            let mut bad = good.clone();
+            let mut removed = 0;
+            for plan in &mut bad {
+                for block in plan.blocks.iter_mut().filter(|b| b.role == purlin_snac::Role::Consumer) {
+                    for step in &mut block.steps {
+                        if let purlin_snac::Step::ChunkLoop { body, .. } = step {
+                            if let Some(i) = body.iter().position(|s| matches!(s, purlin_snac::Step::Reduce { .. })) {
+                                assert!(matches!(body[i - 1], purlin_snac::Step::Wait { .. }));
+                                body.remove(i - 1);
+                                removed += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(removed > 0);
+            let r = verify(&[bad.clone(), bad], &Options::default());
+            let err = r.result.expect_err("the race went unseen");
+            println!("in-place direct {side:?} {blocks} blocks without the staged wait: {err}");
         }
     }
 }

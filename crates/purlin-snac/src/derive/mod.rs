@@ -25,7 +25,8 @@ use crate::types::{PacketFormat, Regime, StagingSide};
 /// How AllReduce is planned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub enum AllReduceAlgo {
-    /// One-shot/direct at world 2, two-shot/composed above (and for in-place throughput calls).
+    /// One-shot/direct at world 2 (in place too: its readers wait for their own writers to
+    /// stage a chunk before they overwrite it), two-shot/composed above.
     #[default]
     Auto,
     /// Every rank reduces the whole buffer from every peer (latency: one-shot packets;
@@ -194,14 +195,6 @@ fn check_inputs(spec: &CollectiveSpec, cfg: &PlanConfig) -> Result<(), DeriveErr
     if cfg.in_place && matches!(spec.collective, Collective::AllToAll | Collective::AllToAllV) {
         return Err(DeriveError::InPlaceUnsupported(spec.collective));
     }
-    if cfg.in_place
-        && spec.collective == Collective::AllReduce
-        && cfg.regime == Regime::Throughput
-        && cfg.allreduce == AllReduceAlgo::OneShot
-    {
-        // The direct reduce would overwrite input chunks its own producers have not staged yet.
-        return Err(DeriveError::InPlaceUnsupported(spec.collective));
-    }
     Ok(())
 }
 
@@ -210,7 +203,7 @@ pub(crate) fn two_shot(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
     match cfg.allreduce {
         AllReduceAlgo::OneShot => false,
         AllReduceAlgo::TwoShot => true,
-        AllReduceAlgo::Auto => spec.world > 2 || (cfg.in_place && cfg.regime == Regime::Throughput),
+        AllReduceAlgo::Auto => spec.world > 2,
     }
 }
 

@@ -76,6 +76,10 @@ struct Ctx<'a> {
     lmax: u32,
     pull: bool,
     composed: bool,
+    /// A direct AllReduce in place: readers overwrite the input the rank's own writers
+    /// stage, so each lane's writers also signal this rank ("staged") per stream, and its
+    /// readers wait for that before they reduce.
+    overwrites_input: bool,
     bcast0: bool,
     areas0: u64,
     /// Shared producer stages: piece bytes, and where the ticket words start.
@@ -140,6 +144,15 @@ impl Ctx<'_> {
     }
     fn drain(&self, phase: u32, at: u32, reader: u32, lane: u32) -> Index {
         self.word((self.phases + phase) * self.w1() + compact(at, reader), lane)
+    }
+    /// This rank's "chunk staged" word of writer stream `stream` (direct AllReduce in place):
+    /// after the ready and drain words.
+    fn staged(&self, stream: u32, lane: u32) -> Index {
+        self.word(2 * self.phases * self.w1() + stream, lane)
+    }
+    /// Writer streams of phase 0: one per peer, or one for all in a pulled broadcast.
+    fn streams(&self) -> u32 {
+        if self.bcast(0) { 1 } else { self.w1() }
     }
     fn prod(&self, phase: u32, stream: u32, lane: u32) -> Index {
         self.word(phase * self.w1() + stream, lane)
@@ -225,8 +238,28 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     // Shared stages' tickets follow the counters, one per producer counter word.
     let shared = cfg.share_piece > 0 && nb / lanes[0] > 1;
     let share = shared.then_some((cfg.share_piece, words as u32));
-    let x = Ctx { spec, world, wr, rd, c, half, slots, phases, lanes, lmax, pull, composed, bcast0, areas0, share };
-    plan.resources.flag_words = words as u32;
+    let overwrites_input = spec.collective == Collective::AllReduce && !composed && cfg.in_place;
+    let streams = if bcast0 { 1 } else { w1 };
+    let flag_words = words + if overwrites_input { streams * lmax as u64 * slots } else { 0 };
+    let x = Ctx {
+        spec,
+        world,
+        wr,
+        rd,
+        c,
+        half,
+        slots,
+        phases,
+        lanes,
+        lmax,
+        pull,
+        composed,
+        overwrites_input,
+        bcast0,
+        areas0,
+        share,
+    };
+    plan.resources.flag_words = flag_words as u32;
     plan.resources.counter_words = if shared { 2 * words } else { words } as u32;
 
     let pairs = || (0..world).flat_map(|p| (0..world).filter(move |&q| q != p).map(move |q| (p, q)));
@@ -278,7 +311,16 @@ fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
         if ch > x.slots {
             steps.extend(readers.iter().map(|&q| x.drain_wait(0, r, q, lane, ch)));
         }
-        let then = readers.iter().map(|&q| x.signal(0, q, r, lane)).collect();
+        let mut then: Vec<Notify> = readers.iter().map(|&q| x.signal(0, q, r, lane)).collect();
+        if x.overwrites_input {
+            let stream = if x.bcast(0) { 0 } else { compact(r, readers[0]) };
+            then.push(Notify {
+                kind: NotifyKind::Ready,
+                peer: r,
+                flag: x.staged(stream, lane),
+                value: EpochVal::chunk(1),
+            });
+        }
         match x.share {
             // The lane's writers copy its whole slice together, taking pieces from a ticket.
             Some((piece, tickets)) => {
@@ -368,6 +410,15 @@ fn consumer(x: &Ctx, cfg: &PlanConfig, r: u32, b: u32) -> Vec<Step> {
                 return steps;
             }
             steps.extend(x.peers(r).map(|p| x.ready_wait(0, r, p, lane, ch)));
+            if x.overwrites_input {
+                // In place, the reduce overwrites input this rank's writers read: wait until
+                // every stream of the lane has staged the chunk.
+                steps.extend((0..x.streams()).map(|stream| Step::Wait {
+                    flag: x.staged(stream, lane),
+                    value: EpochVal::chunk(1),
+                    guard: Guard::new(0, ch),
+                }));
+            }
             let srcs = (0..x.world)
                 .map(|p| if p == r { Region::input(x.local(off, b, x.rd)) } else { x.staging(0, p, r, b, x.rd) })
                 .collect();
