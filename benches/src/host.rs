@@ -161,7 +161,7 @@ impl Backend for HostPurlin {
             )));
         }
         let spec = spec_of(case, &self.comm);
-        if let Some(layout) = case.in_place_layout(r).filter(|_| case.in_place) {
+        if let Some(layout) = case.in_place_layout(r) {
             let bytes = layout.len * es;
             if bytes > self.recv.len() {
                 return Err(CallError::Failed(format!("a receive buffer of {} bytes for {bytes}", self.recv.len())));

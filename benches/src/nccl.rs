@@ -218,7 +218,7 @@ impl Nccl {
         let (r, n) = (self.rank, self.world);
         // In place (NCCL's convention): input and output both in the receive buffer, at
         // the layout's offsets.
-        let layout = case.in_place_layout(r).filter(|_| case.in_place);
+        let layout = case.in_place_layout(r);
         let s = |off| match layout {
             Some(l) => self.elem_ptr(false, l.input_at + off, case) as *const c_void,
             None => self.elem_ptr(true, off, case) as *const c_void,

@@ -116,7 +116,7 @@ fn call_typed<T: purlin_collectives::comm::NcclType + cudarc::driver::DeviceRepr
     case: &Case,
 ) -> Result<(), CallError> {
     let r = comm.rank();
-    if let Some(layout) = case.in_place_layout(r).filter(|_| case.in_place) {
+    if let Some(layout) = case.in_place_layout(r) {
         // SAFETY: the receive buffer was sized for the sweep's largest in-place buffer
         // (Config::buffer_bytes); T is a plain element type.
         let mut b: CudaViewMut<'_, T> = unsafe { recv.transmute_mut::<T>(layout.len) }

@@ -120,7 +120,7 @@ impl Config {
                         s = s.max(case.in_count(rank) * self.dtype.size());
                         r = r.max(case.out_count(rank) * self.dtype.size());
                         // In place, the receive buffer holds the input too.
-                        if let Some(l) = case.in_place_layout(rank).filter(|_| self.in_place) {
+                        if let Some(l) = case.in_place_layout(rank) {
                             r = r.max(l.len * self.dtype.size());
                         }
                     }
@@ -443,8 +443,8 @@ fn sweep(
                     gpu.upload(be.send_ptr(), &input)?;
                 }
                 for row in &mut mode_rows {
-                    let data = Data { input: &input, expected: &expected };
-                    let cell = measure(cfg, gpu, coord, be.as_mut(), &case, row.mode, data, &mut host_out)?;
+                    let cell =
+                        measure(cfg, gpu, coord, be.as_mut(), &case, row.mode, &input, &expected, &mut host_out)?;
                     line.push_str(&format!("  {kind}/{}: {}", row.mode, cell_brief(&cell)));
                     row.cells.push(cell);
                 }
@@ -492,13 +492,6 @@ fn agree_call(coord: &Coord, local: Result<(), CallError>) -> Result<Result<(), 
     bail!("call failed: {}", detail.join("; "))
 }
 
-/// A case's input and expected output on this rank, as bytes.
-#[derive(Clone, Copy)]
-struct Data<'a> {
-    input: &'a [u8],
-    expected: &'a [u8],
-}
-
 /// Checks one call (or replay) and times `runs` runs. Errors are fatal (the sweep stops).
 #[allow(clippy::too_many_arguments)]
 fn measure(
@@ -508,10 +501,10 @@ fn measure(
     be: &mut dyn Backend,
     case: &Case,
     mode: Mode,
-    data: Data<'_>,
+    input: &[u8],
+    expected: &[u8],
     host_out: &mut Vec<u8>,
 ) -> Result<Cell> {
-    let expected = data.expected;
     let kind = be.kind();
     let iters = cfg.iters.max(1);
     let timeout = cfg.timeout();
@@ -520,12 +513,12 @@ fn measure(
     let recv = be.recv_ptr();
     // Before a checked call: the output poisoned; in place, the whole buffer poisoned and
     // the input put back where NCCL's convention has it (timed calls overwrite it).
-    let layout = if case.in_place { case.in_place_layout(rank) } else { None };
+    let layout = case.in_place_layout(rank);
     let prepare = || -> Result<()> {
         match layout {
             Some(l) => {
                 gpu.fill(recv, POISON, l.len * es)?;
-                gpu.upload(recv + (l.input_at * es) as u64, data.input)
+                gpu.upload(recv + (l.input_at * es) as u64, input)
             }
             None => gpu.fill(recv, POISON, out_bytes),
         }

@@ -659,9 +659,12 @@ impl Case {
 
     /// Rank `rank`'s in-place layout, NCCL's convention: AllReduce on the whole buffer,
     /// AllGather with the rank's input at partition `rank` of the output, ReduceScatter
-    /// with the output at partition `rank` of the input. `None`: the collective has no
-    /// in-place form (AllToAll and the V forms).
+    /// with the output at partition `rank` of the input. `None`: an out-of-place case, or a
+    /// collective with no in-place form (AllToAll and the V forms).
     pub fn in_place_layout(&self, rank: usize) -> Option<InPlaceLayout> {
+        if !self.in_place {
+            return None;
+        }
         let (input, output) = (self.in_count(rank), self.out_count(rank));
         match self.collective {
             Collective::AllReduce => Some(InPlaceLayout { len: output, input_at: 0, output_at: 0 }),
@@ -1043,7 +1046,7 @@ mod tests {
     /// ReduceScatter's output at the rank's partition of the input; no in-place AllToAll.
     #[test]
     fn in_place_layouts_follow_nccl() {
-        let case = |c| Case::new(c, Dtype::F32, Op::Sum, 4, 4096, 1.0, 7).unwrap();
+        let case = |c| Case { in_place: true, ..Case::new(c, Dtype::F32, Op::Sum, 4, 4096, 1.0, 7).unwrap() };
         let ar = case(Collective::AllReduce).in_place_layout(3).unwrap();
         assert_eq!((ar.len, ar.input_at, ar.output_at), (1024, 0, 0));
         let ag = case(Collective::AllGather).in_place_layout(3).unwrap();
@@ -1053,5 +1056,7 @@ mod tests {
         for c in [Collective::AllToAll, Collective::AllGatherV, Collective::ReduceScatterV, Collective::AllToAllV] {
             assert_eq!(case(c).in_place_layout(0), None, "{c}");
         }
+        let out_of_place = Case { in_place: false, ..case(Collective::AllReduce) };
+        assert_eq!(out_of_place.in_place_layout(0), None);
     }
 }

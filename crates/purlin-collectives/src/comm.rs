@@ -964,7 +964,7 @@ impl Comm {
     /// holds `world` partitions of `buff.len() / world` elements, this rank's contribution
     /// already in partition `rank`; the call fills the others.
     pub fn all_gather_in_place<R: DevicePtrMut<T>, T: NcclType>(&self, buff: &mut R) -> Result<Status, Error> {
-        let count = self.whole_partitions(buff.len(), "all_gather_in_place")?;
+        let count = whole_partitions(buff.len(), self.world, "all_gather_in_place")?;
         let spec = CollectiveSpec::all_gather(self.world as u32, snac_dtype::<T>(), count);
         self.collective_in_place(spec, buff)
     }
@@ -978,7 +978,7 @@ impl Comm {
         buff: &mut R,
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
-        let count = self.whole_partitions(buff.len(), "reduce_scatter_in_place")?;
+        let count = whole_partitions(buff.len(), self.world, "reduce_scatter_in_place")?;
         let spec = CollectiveSpec::reduce_scatter(self.world as u32, snac_dtype::<T>(), snac_op(reduce_op), count);
         self.collective_in_place(spec, buff)
     }
@@ -1070,17 +1070,6 @@ impl Comm {
         let (input, _record_in) = sendbuff.device_ptr(&self.stream);
         let (output, _record_out) = recvbuff.device_ptr_mut(&self.stream);
         self.launch_collective(spec, false, input, output)
-    }
-
-    /// `len` elements as `world` equal partitions, or an `InvalidArgument` naming `what`.
-    fn whole_partitions(&self, len: usize, what: &str) -> Result<u64, Error> {
-        if len % self.world != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: {len} elements do not split into {} equal partitions",
-                self.world
-            )));
-        }
-        Ok((len / self.world) as u64)
     }
 
     /// An in-place call on one buffer: the plan's alias says where in it the input or the
@@ -1280,6 +1269,15 @@ pub(crate) struct PreparedPlan {
 
 /// What a prepared plan depends on besides the communicator: the spec and in-place-ness.
 type PlanKey = (CollectiveSpec, bool);
+
+/// Elements per partition of a `len`-element buffer split among `world` ranks, or an
+/// `InvalidArgument` naming `what`.
+pub(crate) fn whole_partitions(len: usize, world: usize, what: &str) -> Result<u64, Error> {
+    if len % world != 0 {
+        return Err(Error::InvalidArgument(format!("{what}: {len} elements do not split into {world} partitions")));
+    }
+    Ok((len / world) as u64)
+}
 
 /// SNAC's name of a cudarc element type.
 fn snac_dtype<T: NcclType>() -> purlin_snac::DataType {

@@ -330,7 +330,7 @@ impl CpuComm {
     /// In-place AllGather (NCCL's convention): this rank's contribution is already at
     /// `buf[rank × n .. (rank + 1) × n]`, `n = buf.len() / world`.
     pub fn all_gather_in_place<T: CpuType>(&self, buf: &mut [T]) -> Result<(), Error> {
-        let n = self.whole_partitions(buf.len(), "all_gather_in_place")?;
+        let n = crate::comm::whole_partitions(buf.len(), self.world_size(), "all_gather_in_place")?;
         let spec = CollectiveSpec::all_gather(self.world_u32(), T::DATA_TYPE, n);
         self.run(self.mode(spec), Bufs::InPlace(bytes_of_mut(buf)))
     }
@@ -346,7 +346,7 @@ impl CpuComm {
     /// `buf[rank × n .. (rank + 1) × n]`, `n = buf.len() / world`; the other partitions are
     /// left as they were.
     pub fn reduce_scatter_in_place<T: CpuType>(&self, buf: &mut [T], op: &ReduceOp) -> Result<(), Error> {
-        let n = self.whole_partitions(buf.len(), "reduce_scatter_in_place")?;
+        let n = crate::comm::whole_partitions(buf.len(), self.world_size(), "reduce_scatter_in_place")?;
         let spec = CollectiveSpec::reduce_scatter(self.world_u32(), T::DATA_TYPE, snac_op(op), n);
         self.run(self.mode(spec), Bufs::InPlace(bytes_of_mut(buf)))
     }
@@ -354,7 +354,7 @@ impl CpuComm {
     /// AllToAll: `send` and `recv` hold `world × n` elements; partition `q` of `send` goes to
     /// rank `q`, partition `p` of `recv` comes from rank `p`.
     pub fn all_to_all<T: CpuType>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
-        let n = self.whole_partitions(send.len(), "all_to_all")?;
+        let n = crate::comm::whole_partitions(send.len(), self.world_size(), "all_to_all")?;
         let spec = CollectiveSpec::all_to_all(self.world_u32(), T::DATA_TYPE, n);
         self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
     }
@@ -411,14 +411,6 @@ impl CpuComm {
     /// result in this rank's partition).
     pub fn execute_bytes_in_place(&self, spec: &CollectiveSpec, buf: &mut [u8]) -> Result<(), Error> {
         self.run(spec.clone(), Bufs::InPlace(buf))
-    }
-
-    fn whole_partitions(&self, len: usize, what: &str) -> Result<u64, Error> {
-        let w = self.world_size();
-        if len % w != 0 {
-            return Err(Error::InvalidArgument(format!("{what}: {len} elements do not split into {w} partitions")));
-        }
-        Ok((len / w) as u64)
     }
 
     /// Validates, plans, verifies, runs. Nothing is written before every check has passed.

@@ -209,10 +209,10 @@ pub fn band_bytes(spec: &CollectiveSpec) -> u64 {
 }
 
 /// How many reading roles a staged plan of `spec` has: two (Head and Tail) for an AllReduce
-/// composed of a ReduceScatter and an AllGather (beyond two ranks: `AllReduceAlgo::Auto`),
-/// else one.
+/// composed of a ReduceScatter and an AllGather (as `AllReduceAlgo::Auto`, which every plan
+/// here uses, decides), else one.
 fn reading_roles(spec: &CollectiveSpec) -> u32 {
-    let composed = spec.collective == Collective::AllReduce && spec.world > 2;
+    let composed = spec.collective == Collective::AllReduce && AllReduceAlgo::Auto.composed(spec);
     if composed { 2 } else { 1 }
 }
 
@@ -246,11 +246,11 @@ pub fn role_split(spec: &CollectiveSpec, in_place: bool, cap: u32) -> (u32, u32)
             }
             // Composed: writers push the peers' shards; the Head reduces `world` sources into
             // the rank's shard and stages it to every peer; the Tail copies the peers' reduced
-            // shards out. Both reading roles get `readers` blocks, so the Head sets the pace.
+            // shards out (2(W - 1) shards, less than the Head's). Both reading roles get
+            // `readers` blocks, so the Head sets the pace.
             Collective::AllReduce if roles == 2 => {
                 let shard = input / world;
-                let head = (world + 1.0) * shard + 2.0 * (world - 1.0) * shard;
-                (2.0 * (world - 1.0) * shard, head.max(2.0 * (world - 1.0) * shard))
+                (2.0 * (world - 1.0) * shard, (3.0 * world - 1.0) * shard)
             }
             // Direct (world 2): writers push the whole input, readers reduce two sources.
             Collective::AllReduce => (2.0 * input, 3.0 * output),

@@ -202,20 +202,20 @@ fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &m
                 })
                 .collect(),
         };
-        assert_eq!(got.len(), expect.len());
-        let bad = got.iter().zip(&expect).filter(|(g, e)| g.to_f64() != **e).count();
-        if bad > 0 {
-            let first = got.iter().zip(&expect).position(|(g, e)| g.to_f64() != *e).unwrap_or(0);
-            println!(
-                "EXEC WRONG {coll:?} {} {op:?} n={n} rank {r}: {bad} wrong, first at {first}: got {:?} want {}",
-                T::NAME,
-                got[first],
-                expect[first]
-            );
-        }
-        wrong += bad;
+        wrong += count_wrong(&got, &expect, &format!("{coll:?} {} {op:?} n={n} rank {r}", T::NAME));
     }
     wrong
+}
+
+/// The elements of `got` that differ from `expect`, the first of them printed after `what`.
+fn count_wrong<T: Elem>(got: &[T], expect: &[f64], what: &str) -> usize {
+    assert_eq!(got.len(), expect.len());
+    let bad = got.iter().zip(expect).filter(|(g, e)| g.to_f64() != **e).count();
+    if bad > 0 {
+        let first = got.iter().zip(expect).position(|(g, e)| g.to_f64() != *e).unwrap_or(0);
+        println!("EXEC WRONG {what}: {bad} wrong, first at {first}: got {:?} want {}", got[first], expect[first]);
+    }
+    bad
 }
 
 fn sweep<T: Elem>(comms: &[Comm], sizes: &[usize], rng: &mut Rng, cases: &mut usize, wrong: &mut usize) {
@@ -338,17 +338,7 @@ fn run_in_place<T: Elem>(comms: &[Comm], gather: bool, op: ReduceOp, n: usize, r
                 .map(|i| if i / n == r { reduce_ref(op, &inputs, i, world) } else { inputs[r][i].to_f64() })
                 .collect()
         };
-        let bad = got.iter().zip(&expect).filter(|(g, e)| g.to_f64() != **e).count();
-        if bad > 0 {
-            let first = got.iter().zip(&expect).position(|(g, e)| g.to_f64() != *e).unwrap_or(0);
-            println!(
-                "EXEC WRONG in place gather={gather} {} {op:?} n={n} rank {r}: {bad} wrong, first at {first}: got {:?} want {}",
-                T::NAME,
-                got[first],
-                expect[first]
-            );
-        }
-        wrong += bad;
+        wrong += count_wrong(&got, &expect, &format!("in place gather={gather} {} {op:?} n={n} rank {r}", T::NAME));
     }
     wrong
 }

@@ -37,6 +37,17 @@ pub enum AllReduceAlgo {
     TwoShot,
 }
 
+impl AllReduceAlgo {
+    /// Whether an AllReduce of `spec` is planned two-shot/composed under this choice.
+    pub fn composed(self, spec: &CollectiveSpec) -> bool {
+        match self {
+            AllReduceAlgo::OneShot => false,
+            AllReduceAlgo::TwoShot => true,
+            AllReduceAlgo::Auto => spec.world > 2,
+        }
+    }
+}
+
 /// The knobs of a derivation (DESIGN.md §3.4): everything but the spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PlanConfig {
@@ -200,11 +211,7 @@ fn check_inputs(spec: &CollectiveSpec, cfg: &PlanConfig) -> Result<(), DeriveErr
 
 /// Whether an AllReduce is planned two-shot/composed under `cfg`.
 pub(crate) fn two_shot(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
-    match cfg.allreduce {
-        AllReduceAlgo::OneShot => false,
-        AllReduceAlgo::TwoShot => true,
-        AllReduceAlgo::Auto => spec.world > 2,
-    }
+    cfg.allreduce.composed(spec)
 }
 
 fn derive_rank_unchecked(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {

@@ -239,8 +239,6 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     let shared = cfg.share_piece > 0 && nb / lanes[0] > 1;
     let share = shared.then_some((cfg.share_piece, words as u32));
     let overwrites_input = spec.collective == Collective::AllReduce && !composed && cfg.in_place;
-    let streams = if bcast0 { 1 } else { w1 };
-    let flag_words = words + if overwrites_input { streams * lmax as u64 * slots } else { 0 };
     let x = Ctx {
         spec,
         world,
@@ -259,7 +257,8 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
         areas0,
         share,
     };
-    plan.resources.flag_words = flag_words as u32;
+    let staged_words = if overwrites_input { x.streams() as u64 * lmax as u64 * slots } else { 0 };
+    plan.resources.flag_words = (words + staged_words) as u32;
     plan.resources.counter_words = if shared { 2 * words } else { words } as u32;
 
     let pairs = || (0..world).flat_map(|p| (0..world).filter(move |&q| q != p).map(move |q| (p, q)));
@@ -301,7 +300,8 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
 fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
     let mut steps = vec![];
     let (lane, per_lane) = x.lane(0, x.wr.blocks, b);
-    let stream = |readers: Vec<u32>, ctr: Index, steps: &mut Vec<Step>| {
+    let stream = |readers: Vec<u32>, stream: u32, steps: &mut Vec<Step>| {
+        let ctr = x.prod(0, stream, lane);
         let (off, n) = x.send(r, readers[0]);
         let ch = x.chunks(n);
         if ch == 0 {
@@ -313,7 +313,6 @@ fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
         }
         let mut then: Vec<Notify> = readers.iter().map(|&q| x.signal(0, q, r, lane)).collect();
         if x.overwrites_input {
-            let stream = if x.bcast(0) { 0 } else { compact(r, readers[0]) };
             then.push(Notify {
                 kind: NotifyKind::Ready,
                 peer: r,
@@ -348,10 +347,10 @@ fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
         }
     };
     if x.bcast(0) {
-        stream(x.peers(r).collect(), x.prod(0, 0, lane), &mut steps);
+        stream(x.peers(r).collect(), 0, &mut steps);
     } else {
         for q in x.peers(r) {
-            stream(vec![q], x.prod(0, compact(r, q), lane), &mut steps);
+            stream(vec![q], compact(r, q), &mut steps);
         }
     }
     steps
