@@ -27,7 +27,14 @@ use purlin_collectives::{CpuComm, CpuConfig, ReduceOp};
 /// The GPU communicator's limits with the default workspace (16 MiB staging, 4 MiB window)
 /// on an H200 (132 SMs, 2 executor blocks per SM co-resident) with 16-byte packets.
 fn gpu_limits() -> PlanLimits {
-    PlanLimits { staging_bytes: 16 << 20, window_bytes: 4 << 20, max_coresident_blocks: 264, packet: PacketFormat::B16 }
+    PlanLimits {
+        staging_bytes: 16 << 20,
+        window_bytes: 4 << 20,
+        max_coresident_blocks: 264,
+        packet: PacketFormat::B16,
+        flag_words: 4096,
+        peer_outputs: false,
+    }
 }
 
 fn specs() -> Vec<(&'static str, CollectiveSpec)> {

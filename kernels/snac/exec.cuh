@@ -50,7 +50,10 @@ struct Runtime {
   u64 timeout_ns;          // bound of every wait
   u64 trace;               // debug trace (0: off): per block, trace_capacity entries of 5 words
   u64 trace_capacity;
+  u64 peer_output[kMaxWorld];  // every rank's registered output, as mapped here (one-copy plans)
 };
+// ExecRuntime's size (kernels.rs EXEC_RUNTIME_BYTES): 2 + 4 * 16 + 6 words.
+static_assert(sizeof(Runtime) == 8 * (2 + 4 * kMaxWorld + 6), "Runtime must match ExecRuntime");
 
 template <u32 WORDS>
 struct ParamBlock {
@@ -111,6 +114,7 @@ __device__ __forceinline__ u8* region_ptr(const Ctx& x, const u64* r, u64 c) {
     case kInput: base = x.rt->input; break;
     case kOutput: base = x.rt->output; break;
     case kStaging: base = x.rt->staging[rank]; break;
+    case kPeerOutput: base = x.rt->peer_output[rank]; break;
     default: base = x.rt->window[rank]; break;
   }
   return (u8*)(base + off_at(r + 1, c, x.sense));

@@ -1113,6 +1113,8 @@ impl Comm {
             window_bytes: self.layout.config.window_bytes as u64,
             max_coresident_blocks: self.exec_bound.min(self.layout.config.epoch_words as u32),
             packet: self.exec.packet(),
+            flag_words: u32::try_from(self.layout.config.flag_words).unwrap_or(u32::MAX),
+            peer_outputs: false,
         };
         let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
         let plan = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;

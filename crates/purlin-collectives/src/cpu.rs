@@ -161,6 +161,8 @@ impl CpuConfig {
             window_bytes: self.memory.window_bytes as u64,
             max_coresident_blocks: self.memory.epoch_words as u32,
             packet: self.packet,
+            flag_words: self.memory.flag_words as u32,
+            peer_outputs: false,
         }
     }
 }
@@ -481,7 +483,7 @@ impl CpuComm {
 
         let buffers = match bufs {
             Bufs::Separate(s, r) => {
-                CallBuffers { input: s.as_ptr(), input_len: s.len(), output: r.as_mut_ptr(), output_len: r.len() }
+                CallBuffers::new(s.as_ptr(), s.len(), r.as_mut_ptr(), r.len())
             }
             Bufs::InPlace(b) => {
                 let len = b.len();
@@ -501,7 +503,7 @@ impl CpuComm {
                 // SAFETY: both offsets plus lengths were checked to lie inside `b`; both
                 // pointers derive from the one unique borrow `b`, which outlives the call.
                 unsafe {
-                    CallBuffers { input: base.add(ioff), input_len: ilen, output: base.add(ooff), output_len: olen }
+                    CallBuffers::new(base.add(ioff), ilen, base.add(ooff), olen)
                 }
             }
         };

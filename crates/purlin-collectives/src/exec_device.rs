@@ -54,6 +54,8 @@ pub struct ExecRuntime {
     pub trace: u64,
     /// Trace entries per block.
     pub trace_capacity: u64,
+    /// Every rank's registered output as mapped here (one-copy plans; own rank: `output`).
+    pub peer_output: [u64; MAX_WORLD],
 }
 
 const _: () = assert!(std::mem::size_of::<ExecRuntime>() == EXEC_RUNTIME_BYTES);

@@ -111,6 +111,17 @@ pub struct CallBuffers {
     pub output: *mut u8,
     /// Output length in bytes.
     pub output_len: usize,
+    /// Every rank's registered output and its length (one-copy plans' `PeerOutput`), null
+    /// where none is registered.
+    pub peer_outputs: [(*mut u8, usize); crate::exec_device::MAX_WORLD],
+}
+
+impl CallBuffers {
+    /// A call's own input and output, with no peer outputs registered.
+    pub fn new(input: *const u8, input_len: usize, output: *mut u8, output_len: usize) -> Self {
+        let peer_outputs = [(std::ptr::null_mut(), 0); crate::exec_device::MAX_WORLD];
+        CallBuffers { input, input_len, output, output_len, peer_outputs }
+    }
 }
 
 // SAFETY: the pointers are the caller's buffers, which outlive the call (`execute` joins
@@ -401,6 +412,10 @@ impl BlockRun<'_> {
                 (m.staging.ptr(), m.staging.len as u64)
             }
             Space::Window(_) => return Err("a window is not a data region".into()),
+            Space::PeerOutput(p) => match self.buffers.peer_outputs.get(p as usize) {
+                Some(&(base, size)) if !base.is_null() => (base, size as u64),
+                _ => return Err(format!("rank {p}'s output is not registered")),
+            },
         };
         if off.checked_add(len).is_none_or(|end| end > size) {
             return Err(format!("{:?} bytes {off}..{} out of bounds ({size})", r.space, off + len));

@@ -5,7 +5,7 @@
 //! `PURLIN_SHARE_PIECE`, `PURLIN_SHARE_MIN_CHUNK`, `PURLIN_LATENCY_MAX_BYTES`,
 //! `PURLIN_LATENCY_MAX_BYTES_ALLREDUCE`, `PURLIN_LATENCY_BLOCK_BYTES`,
 //! `PURLIN_LATENCY_MAX_BLOCKS`, `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`,
-//! `PURLIN_DEVICE_PARAMS_MAX_BYTES`, `PURLIN_MAX_BLOCKS`), so the table can be measured before it is
+//! `PURLIN_DEVICE_PARAMS_MAX_BYTES`, `PURLIN_MAX_BLOCKS`, `PURLIN_ONE_COPY_BLOCKS`), so the table can be measured before it is
 //! trusted. Which executor runs a plan is not tuning: latency plans of catalogued shapes run
 //! shaped unless `PURLIN_SHAPED=0` (`exec_device`).
 //!
@@ -80,6 +80,11 @@ pub struct Tuning {
     /// their blocks between writers and readers by the traffic each side moves
     /// ([`role_split`]).
     pub max_blocks: Option<u32>,
+    /// Writer blocks of a one-copy call (`PURLIN_ONE_COPY_BLOCKS`): an AllGather, AllToAll or
+    /// V form whose output is registered symmetric memory ([`crate::SymmetricBuffer`]) stores
+    /// straight into the peers' outputs, one role of blocks, within `max_blocks`. 0: such
+    /// calls stay staged.
+    pub one_copy_blocks: u32,
 }
 
 impl Default for Tuning {
@@ -131,6 +136,10 @@ impl Default for Tuning {
             // 1 MiB 9.19 against 9.61, 2 MiB 12.54 against 11.71.
             device_params_max_bytes: 1 << 20,
             max_blocks: None,
+            // Not measured on a GPU pair yet. The same SMs as the staged path's 16 writers
+            // and 32 readers would leave the writers, which now also copy the own part,
+            // within the per-SM copy rate (~48 GB/s, round 61) at 32.
+            one_copy_blocks: 32,
         }
     }
 }
@@ -183,6 +192,7 @@ impl Tuning {
         t.latency_max_blocks = env("PURLIN_LATENCY_MAX_BLOCKS")?.or(t.latency_max_blocks);
         t.device_params_max_bytes = env("PURLIN_DEVICE_PARAMS_MAX_BYTES")?.unwrap_or(t.device_params_max_bytes);
         t.max_blocks = env("PURLIN_MAX_BLOCKS")?.or(t.max_blocks);
+        t.one_copy_blocks = env("PURLIN_ONE_COPY_BLOCKS")?.unwrap_or(t.one_copy_blocks);
         if t.max_blocks == Some(0) {
             return Err(Error::Env { var: "PURLIN_MAX_BLOCKS", problem: "0: a call needs at least one block".into() });
         }
@@ -201,6 +211,10 @@ pub struct PlanLimits {
     pub max_coresident_blocks: u32,
     /// Packet format of the latency regime.
     pub packet: PacketFormat,
+    /// Flag words per rank.
+    pub flag_words: u32,
+    /// The call's output is registered symmetric memory on every rank (one-copy calls).
+    pub peer_outputs: bool,
 }
 
 /// The largest payload a rank sends or receives in a call of `spec` (the size band).
@@ -313,10 +327,21 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
         share_piece: 0,
         staging_bytes: limits.staging_bytes,
         window_bytes: limits.window_bytes,
+        flag_words: limits.flag_words,
         max_coresident_blocks: limits.max_coresident_blocks,
         packet: limits.packet,
         in_place,
+        peer_outputs: false,
     };
+    if regime == Regime::Throughput && limits.peer_outputs && tuning.one_copy_blocks > 0 {
+        cfg.peer_outputs = true;
+        if purlin_snac::derive::one_copy(spec, &cfg) {
+            // One role of writers: the staged roles' knobs do not apply.
+            let max = tuning.max_blocks.unwrap_or(u32::MAX).min(limits.max_coresident_blocks);
+            cfg.blocks_per_role = tuning.one_copy_blocks.clamp(1, max.max(1));
+            cfg.consumer_blocks_per_role = None;
+        }
+    }
     // Lanes must divide both block counts (which the clamps above may have changed).
     cfg.lanes =
         tuning.lanes.filter(|&n| n > 0 && purlin_snac::gcd(cfg.blocks_per_role, cfg.consumer_blocks()) % n == 0);
@@ -380,13 +405,17 @@ pub fn plan_fitting(
         let plan = plan_for(spec, rank, in_place, &t, limits)?;
         let smallest = t.blocks_per_role <= 1
             && t.consumer_blocks_per_role.is_none_or(|n| n <= 1)
-            && t.latency_max_blocks.is_some_and(|n| n <= 1);
+            && t.latency_max_blocks.is_some_and(|n| n <= 1)
+            && t.one_copy_blocks <= 1;
         if fits(&plan) || smallest {
             return Ok(plan);
         }
         let half = |n: u32| (n / 2).max(1);
         t.blocks_per_role = half(t.blocks_per_role);
         t.consumer_blocks_per_role = t.consumer_blocks_per_role.map(half);
+        if t.one_copy_blocks > 0 {
+            t.one_copy_blocks = half(t.one_copy_blocks);
+        }
         t.latency_max_blocks = Some(half(t.latency_max_blocks.unwrap_or(t.blocks_per_role).min(plan.grid() as u32)));
     }
 }
@@ -402,6 +431,8 @@ mod tests {
             window_bytes: 1 << 20,
             max_coresident_blocks: 264,
             packet: PacketFormat::B16,
+            flag_words: 4096,
+            peer_outputs: false,
         }
     }
 

@@ -26,7 +26,10 @@
 //! name rank `r`'s); `flag_words` 64-bit flags (peers write them, the owner polls them);
 //! `counter_words` 64-bit arrival counters (local); `epoch_words` 64-bit epochs, one per block
 //! index. Flags, counters, windows and epochs are zero at communicator set-up and never reset
-//! by a call (counters reset themselves, see `Arrive`).
+//! by a call (counters reset themselves, see `Arrive`). When the runtime registered every
+//! rank's output (symmetric memory, [`PlanConfig::peer_outputs`]), `PeerOutput(r)` names rank
+//! `r`'s output as mapped here, in `r`'s output coordinates (same alias as `r`'s `Output`);
+//! only a `Gather` may write it, and nothing reads it.
 //!
 //! **Epoch and sense.** At entry, block `b` reads `E = epoch[b]`; `s = E & 1` is the sense.
 //! Every epoch-valued field ([`EpochVal`]) means `E + c * chunk_mul + add`. At exit, after its
@@ -77,7 +80,8 @@
 //! **What the plan guarantees** (checked by the verifier, DESIGN.md §3.3): a consumer reads
 //! staged data only after a `Wait` whose value the producer's last `Arrive`/`Signal` of exactly
 //! that chunk and epoch writes; a slot is overwritten only after its readers' drains or under
-//! the other sense; every rank advances by the same amount; every call makes every rank's exit
+//! the other sense; a store into a peer's output is ordered after the peer's entry into the
+//! call, and before the peer's exit; every rank advances by the same amount; every call makes every rank's exit
 //! happen after every peer's entry (through data or the handshake); the grid never exceeds
 //! `max_coresident_blocks`, so the runtime must launch all blocks co-resident (cooperative
 //! launch). The executor owns fences and scopes; the verifier proves the happens-before

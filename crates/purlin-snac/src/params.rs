@@ -15,7 +15,7 @@
 //! an arrive, body steps of a loop). Field groups, in words:
 //!
 //! - guard (2): `from, until` · offset (4): `base, chunk_stride, chunk_modulus, sense_stride`
-//! - region (5): `space` (`kind << 32 | rank`, kinds 0 input, 1 output, 2 staging, 3 window), offset
+//! - region (5): `space` (`kind << 32 | rank`, kinds 0 input, 1 output, 2 staging, 3 window, 4 a peer's registered output), offset
 //! - len (4): `max, total, base, chunk_stride` · epoch value (2): `chunk_mul, add` (two's complement)
 //! - index (1): `base | chunk_modulus << 32` · notify (4): `kind << 32 | peer` (0 ready, 1 drain), index, value
 //!
@@ -215,6 +215,7 @@ impl W {
             Space::Output => 1 << 32,
             Space::Staging(p) => 2 << 32 | p as u64,
             Space::Window(p) => 3 << 32 | p as u64,
+            Space::PeerOutput(p) => 4 << 32 | p as u64,
         };
         self.0.push(sp);
         self.off(r.offset);
@@ -420,6 +421,7 @@ impl R<'_> {
             1 => Space::Output,
             2 => Space::Staging(p),
             3 => Space::Window(p),
+            4 => Space::PeerOutput(p),
             _ => return Err(self.err("unknown space")),
         };
         Ok(Region { space, offset: self.off()? })

@@ -60,6 +60,11 @@ pub enum Space {
     /// Rank `r`'s packet receive window, addressed in *payload* bytes (the packet format
     /// decides the physical footprint).
     Window(u32),
+    /// Rank `r`'s output buffer, registered on every rank (symmetric memory), in `r`'s output
+    /// coordinates. Only the one-copy path writes it (`Gather` destinations): a peer's output
+    /// is free only from the peer's entry into the call until its exit, which the plan must
+    /// order its stores within.
+    PeerOutput(u32),
 }
 
 /// A region: a space and an offset; its length is the step's [`Len`].
@@ -84,6 +89,9 @@ impl Region {
     }
     pub const fn window(rank: u32, offset: Offset) -> Self {
         Region { space: Space::Window(rank), offset }
+    }
+    pub const fn peer_output(rank: u32, offset: Offset) -> Self {
+        Region { space: Space::PeerOutput(rank), offset }
     }
 }
 
@@ -453,6 +461,7 @@ impl Plan {
             Space::Output => self.resources.output_bytes,
             Space::Staging(_) => self.resources.staging_bytes,
             Space::Window(_) => self.resources.window_bytes,
+            Space::PeerOutput(p) => self.spec.output_bytes(p),
         }
     }
 
@@ -588,7 +597,7 @@ impl Plan {
     fn check_region(&self, r: &Region, len: &Len, (lo, hi): (u64, u64)) -> Result<(), String> {
         let world = self.spec.world;
         match r.space {
-            Space::Staging(p) | Space::Window(p) if p >= world => {
+            Space::Staging(p) | Space::Window(p) | Space::PeerOutput(p) if p >= world => {
                 return Err(format!("{:?} names a rank outside world {world}", r.space));
             }
             _ => {}
@@ -669,6 +678,16 @@ impl Plan {
     fn check_step(&self, s: &Step, range: (u64, u64)) -> Result<(), String> {
         let r = &self.resources;
         let win = |x: &Region| matches!(x.space, Space::Window(_));
+        let peer_out = |x: &Region| matches!(x.space, Space::PeerOutput(_));
+        match s {
+            Step::Stage { src, .. } | Step::PutPackets { src, .. } if peer_out(src) => {
+                return Err("a peer's output is only written, never read".into());
+            }
+            Step::Reduce { dst, srcs, .. } if peer_out(dst) || srcs.iter().any(peer_out) => {
+                return Err("only a gather may write a peer's output, and nothing reads it".into());
+            }
+            _ => {}
+        }
         match s {
             Step::ChunkLoop { .. } => Ok(()),
             Step::Stage { dst, src, len, share, .. } => {
@@ -690,6 +709,9 @@ impl Plan {
             Step::Gather { dst, src, len, expect, .. } => {
                 if win(dst) {
                     return Err("gather cannot write a window (use put-packets)".into());
+                }
+                if peer_out(src) {
+                    return Err("a peer's output is only written, never read".into());
                 }
                 if win(src) != expect.is_some() {
                     return Err("expect must be given exactly for window sources".into());
@@ -903,6 +925,7 @@ impl fmt::Display for Region {
             Space::Output => "out".to_string(),
             Space::Staging(r) => format!("stg{r}"),
             Space::Window(r) => format!("win{r}"),
+            Space::PeerOutput(r) => format!("out{r}"),
         };
         let o = &self.offset;
         write!(f, "{sp}[{}", o.base)?;

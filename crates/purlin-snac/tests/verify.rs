@@ -466,3 +466,80 @@ fn full_set() {
     let (runs, states) = exhaustive_sets(&[(4, 2), (5, 1), (6, 1), (3, 3)], 20_000_000, Reduction::Reach);
     println!("full set: {runs} scenarios, exhaustive, {states} states in total, {:.2?}", t0.elapsed());
 }
+
+/// One-copy plans (outputs registered on every rank): every copy collective, in and out of
+/// place, on worlds 2–4, three back-to-back calls, and mixed with staged calls that reuse
+/// the same flag and counter words.
+#[test]
+fn one_copy_calls() {
+    for world in [2u32, 3, 4] {
+        for c in [Collective::AllGather, Collective::AllToAll, Collective::AllGatherV, Collective::AllToAllV] {
+            for in_place in [false, true] {
+                if in_place && matches!(c, Collective::AllToAll | Collective::AllToAllV) {
+                    continue;
+                }
+                for blocks in [1, 2] {
+                    let staged = PlanConfig { in_place, ..small(Regime::Throughput, StagingSide::Peer, blocks) };
+                    let cfg = PlanConfig { peer_outputs: true, ..staged };
+                    let spec = spec_of(c, world, DataType::U8, 70 * blocks as u64, vec![70, 0, 33, 5, 0, 64, 9, 1, 2]);
+                    let p = plans(&spec, &cfg);
+                    assert!(
+                        p.iter().flat_map(|p| &p.blocks).all(|b| b.role == Role::Producer),
+                        "{c:?}: not one-copy"
+                    );
+                    let what = format!("one-copy {c:?} w{world} {blocks} blocks in place {in_place}");
+                    must_verify(&[p.clone(), p.clone(), p.clone()], &what);
+                    let s = plans(&spec, &staged);
+                    must_verify(&[p.clone(), s, p], &format!("{what}, a staged call between"));
+                }
+            }
+        }
+    }
+}
+
+/// Each of the one-copy path's two signals is needed: without the wait for the peer's entry,
+/// a store into its output races with its host's use of the previous result; without the wait
+/// for the peers' done, a rank ends its call before its output is complete.
+#[test]
+fn one_copy_needs_its_entry_and_done_waits() {
+    let cfg = PlanConfig { peer_outputs: true, ..small(Regime::Throughput, StagingSide::Peer, 2) };
+    let spec = spec_of(Collective::AllGather, 2, DataType::U8, 100, vec![]);
+    let good = plans(&spec, &cfg);
+    must_verify(&[good.clone(), good.clone()], "one-copy AllGather");
+    // The entry waits are the guarded waits inside the chunk loop.
+    let mut no_entry = good.clone();
+    for block in no_entry.iter_mut().flat_map(|p| &mut p.blocks) {
+        for step in &mut block.steps {
+            if let Step::ChunkLoop { body, .. } = step {
+                body.retain(|s| !matches!(s, Step::Wait { .. }));
+            }
+        }
+    }
+    let err = verify(&[no_entry.clone(), no_entry], &Options::default()).result.expect_err("entry race unseen");
+    assert!(matches!(err.property, Property::Race | Property::Reuse), "{err}");
+    println!("one-copy without the entry wait: {err}");
+    // The done waits are the top-level waits of block 0, after its arrival.
+    let mut no_done = good.clone();
+    for plan in &mut no_done {
+        plan.blocks[0].steps.retain(|s| !matches!(s, Step::Wait { .. }));
+    }
+    let err = verify(&[no_done.clone(), no_done], &Options::default()).result.expect_err("early exit unseen");
+    println!("one-copy without the done wait: {err}");
+}
+
+/// Consecutive throughput calls of different geometry (slots, lanes, blocks) at world 3 and 4:
+/// a rank already in the next call must not satisfy a wait meant for another peer's store,
+/// which a flag layout that depends on the geometry allows (every flag word now has one
+/// writer rank, whatever the plan).
+#[test]
+fn calls_of_different_geometry_keep_their_flags_apart() {
+    for world in [3u32, 4] {
+        for c in [Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll, Collective::AllReduce] {
+            let a = PlanConfig { slots: 2, ..small(Regime::Throughput, StagingSide::Peer, 2) };
+            let b = PlanConfig { slots: 1, lanes: Some(1), ..small(Regime::Throughput, StagingSide::Peer, 1) };
+            let spec = spec_of(c, world, DataType::U8, 150, vec![]);
+            let (pa, pb) = (plans(&spec, &a), plans(&spec, &b));
+            must_verify(&[pa.clone(), pb.clone(), pa], &format!("{c:?} w{world}: 2 slots, 1 slot, 2 slots"));
+        }
+    }
+}

@@ -14,21 +14,19 @@ pub fn execute_on_host(
     outputs: &mut [Vec<u8>],
     trace: bool,
 ) -> Vec<Result<Vec<TraceEntry>, Error>> {
+    // Every rank's output is registered for every rank (one-copy plans store into peers').
+    let mut peers = [(std::ptr::null_mut(), 0); purlin_collectives::exec_device::MAX_WORLD];
+    for (slot, o) in peers.iter_mut().zip(outputs.iter_mut()) {
+        *slot = (o.as_mut_ptr(), o.len());
+    }
     std::thread::scope(|s| {
         let hs: Vec<_> = plans
             .iter()
-            .zip(outputs.iter_mut())
+            .zip(peers)
             .zip(inputs)
-            .map(|((p, o), i)| {
-                s.spawn(move || {
-                    let b = CallBuffers {
-                        input: i.as_ptr(),
-                        input_len: i.len(),
-                        output: o.as_mut_ptr(),
-                        output_len: o.len(),
-                    };
-                    host.execute(p, b, trace)
-                })
+            .map(|((p, (out, out_len)), i)| {
+                let b = CallBuffers { peer_outputs: peers, ..CallBuffers::new(i.as_ptr(), i.len(), out, out_len) };
+                s.spawn(move || host.execute(p, b, trace))
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank thread")).collect()

@@ -12,8 +12,14 @@
 //! | AllReduce two-shot / composed | put shard `k` to `k`; reduce own shard; put it back out; unpack | `Producer` (RS stage), `Head` (wait, reduce own shard into the seam, publish, signal), `Tail` (wait, gather published shards, drain) |
 //!
 //! V plans (and plans where some pair exchanges nothing) add the entry/exit handshake.
+//!
+//! With [`PlanConfig::peer_outputs`] (every rank's output registered symmetric memory), the
+//! throughput plans of the copy collectives take the one-copy path (`one_copy.rs`): one role
+//! of writers storing straight into every destination's output, bounded by an entry signal
+//! and a done signal per pair of ranks.
 
 mod latency;
+mod one_copy;
 mod throughput;
 
 use serde::{Deserialize, Serialize};
@@ -79,11 +85,19 @@ pub struct PlanConfig {
     pub staging_bytes: u64,
     /// Packet window payload bytes per rank (two sense halves); a multiple of 32.
     pub window_bytes: u64,
+    /// Flag words per rank (the workspace's). Throughput plans split them into `world`
+    /// segments, one per writer rank ([`flag_segment`]).
+    pub flag_words: u32,
     /// The co-residency bound: the most blocks of this kernel resident at once.
     pub max_coresident_blocks: u32,
     pub packet: PacketFormat,
     /// Input and output are one buffer (NCCL's in-place convention).
     pub in_place: bool,
+    /// Every rank's output is registered memory every rank can address at the same offset
+    /// (NCCL's symmetric windows): the throughput regime's AllGather, AllToAll and their V
+    /// forms then store straight into the peers' outputs (`Space::PeerOutput`, one copy per
+    /// byte, `blocks_per_role` writer blocks, no staging). Other collectives ignore it.
+    pub peer_outputs: bool,
 }
 
 /// Greatest common divisor (at least 1).
@@ -130,9 +144,11 @@ impl Default for PlanConfig {
             share_piece: 0,
             staging_bytes: 16 << 20,
             window_bytes: 1 << 20,
+            flag_words: 4096,
             max_coresident_blocks: 64,
             packet: PacketFormat::B8,
             in_place: false,
+            peer_outputs: false,
         }
     }
 }
@@ -152,6 +168,8 @@ pub enum DeriveError {
     StagingTooSmall { have: u64, areas: u64, chunk: u64 },
     #[error("window of {have} bytes is too small: the plan needs {need}")]
     WindowTooSmall { have: u64, need: u64 },
+    #[error("the plan needs {need} flag words per rank, the workspace has {have}")]
+    FlagsTooFew { need: u64, have: u32 },
     #[error("{0:?} cannot run in place")]
     InPlaceUnsupported(Collective),
     #[error("derived an ill-formed plan (a derivation bug): {0}")]
@@ -209,6 +227,20 @@ fn check_inputs(spec: &CollectiveSpec, cfg: &PlanConfig) -> Result<(), DeriveErr
     Ok(())
 }
 
+/// Flag words of each writer rank's segment: every throughput plan puts the flags that rank
+/// `p` stores into a rank's words in segment `p` (`[p * segment, (p + 1) * segment)`), and the
+/// segment depends only on the workspace and the world, so a word has one writer across all
+/// plans. A peer already in the next call then stores only into words that its own earlier
+/// stores (made before it left this call) precede.
+pub fn flag_segment(cfg: &PlanConfig, world: u32) -> u32 {
+    cfg.flag_words / world.max(1)
+}
+
+/// Whether a throughput plan of `spec` takes the one-copy path under `cfg`.
+pub fn one_copy(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
+    cfg.peer_outputs && spec.collective.consume_op() == crate::types::ConsumeOp::Gather
+}
+
 /// Whether an AllReduce is planned two-shot/composed under `cfg`.
 pub(crate) fn two_shot(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
     cfg.allreduce.composed(spec)
@@ -217,6 +249,7 @@ pub(crate) fn two_shot(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
 fn derive_rank_unchecked(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
     let plan = match cfg.regime {
         Regime::Latency => latency::derive(spec, cfg, rank)?,
+        Regime::Throughput if one_copy(spec, cfg) => one_copy::derive(spec, cfg, rank)?,
         Regime::Throughput => throughput::derive(spec, cfg, rank)?,
     };
     plan.check()?;

@@ -32,9 +32,14 @@
 //! same bytes (AllGather, direct AllReduce, the composed AllReduce's published shard). Push
 //! (the reader's side): the reader owns one area per writer.
 //!
-//! Flags of every rank (u64 words): `ready[phase][peer][lane][slot]` then
-//! `drain[phase][peer][lane][slot]` (lanes counted to the largest phase's),
-//! `peer` compact (0..world-1, skipping the rank itself). A reader waits on its ready word for
+//! Flags of every rank (u64 words) lie in one segment per writer rank ([`super::flag_segment`]
+//! words each, whatever the plan): in peer `p`'s segment, `ready[phase][lane][slot]` (`p`
+//! wrote the chunk) then `drain[phase][lane][slot]` (`p` read it), lanes counted to the
+//! largest phase's; in the rank's own segment, its "staged" words. So a flag word always has
+//! the same writer: with a layout that depended on the plan, a peer already in the next call
+//! (of other slots or lanes) could store into the word a rank still waits on for another
+//! peer, and release the wait before that peer's data (the verifier's
+//! `calls_of_different_geometry_keep_their_flags_apart`). A reader waits on its ready word for
 //! the writer, the writer on its drain word for the reader. Chunk `c` sets both to `E + c + 1`;
 //! a writer about to overwrite slot `c % slots` with chunk `c >= slots` waits for the drain of
 //! chunk `c - slots`, i.e. `>= E + c + 1 - slots`. Transfers with `chunks <= slots` are
@@ -84,6 +89,8 @@ struct Ctx<'a> {
     areas0: u64,
     /// Shared producer stages: piece bytes, and where the ticket words start.
     share: Option<(u64, u32)>,
+    /// Flag words per writer rank ([`super::flag_segment`]).
+    segment: u32,
 }
 
 impl Ctx<'_> {
@@ -139,16 +146,23 @@ impl Ctx<'_> {
         let base = (group as u64 * self.lmax as u64 + lane as u64) * self.slots;
         Index::cyclic(base as u32, self.slots as u32)
     }
-    fn ready(&self, phase: u32, at: u32, writer: u32, lane: u32) -> Index {
-        self.word(phase * self.w1() + compact(at, writer), lane)
+    /// Flag word `group`, `lane` (cycling over the slots) in the segment of writer rank `by`.
+    fn flag(&self, by: u32, group: u32, lane: u32) -> Index {
+        let w = self.word(group, lane);
+        Index::cyclic(by * self.segment + w.base, w.chunk_modulus)
     }
-    fn drain(&self, phase: u32, at: u32, reader: u32, lane: u32) -> Index {
-        self.word((self.phases + phase) * self.w1() + compact(at, reader), lane)
+    /// The ready word on `at` for `writer`: in the writer's segment (`at` is implied).
+    fn ready(&self, phase: u32, _at: u32, writer: u32, lane: u32) -> Index {
+        self.flag(writer, phase, lane)
     }
-    /// This rank's "chunk staged" word of writer stream `stream` (direct AllReduce in place):
-    /// after the ready and drain words.
-    fn staged(&self, stream: u32, lane: u32) -> Index {
-        self.word(2 * self.phases * self.w1() + stream, lane)
+    /// The drain word on `at` (the writer) for `reader`: in the reader's segment.
+    fn drain(&self, phase: u32, _at: u32, reader: u32, lane: u32) -> Index {
+        self.flag(reader, self.phases + phase, lane)
+    }
+    /// This rank's "chunk staged" word of writer stream `stream` (direct AllReduce in place),
+    /// in its own segment (no peer writes there).
+    fn staged(&self, at: u32, stream: u32, lane: u32) -> Index {
+        self.flag(at, stream, lane)
     }
     /// Writer streams of phase 0: one per peer, or one for all in a pulled broadcast.
     fn streams(&self) -> u32 {
@@ -234,7 +248,11 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     // Phase 0: Producer -> readers; phase 1 (composed): Head -> Tail, both cut by `rd`.
     let lanes = [cfg.lanes(), nc];
     let lmax = if composed { lanes[0].max(lanes[1]) } else { lanes[0] };
+    // Counter words (local): one group per (phase, stream) and per (phase, peer).
     let words = 2 * phases as u64 * w1 * lmax as u64 * slots;
+    // Flag words of each writer's segment: ready then drain groups (or, in the rank's own
+    // segment, its "staged" groups: one per stream, at most `w1`).
+    let segment_words = 2 * phases as u64 * lmax as u64 * slots;
     // Shared stages' tickets follow the counters, one per producer counter word.
     let shared = cfg.share_piece > 0 && nb / lanes[0] > 1;
     let share = shared.then_some((cfg.share_piece, words as u32));
@@ -256,9 +274,14 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
         bcast0,
         areas0,
         share,
+        segment: super::flag_segment(cfg, world),
     };
-    let staged_words = if overwrites_input { x.streams() as u64 * lmax as u64 * slots } else { 0 };
-    plan.resources.flag_words = (words + staged_words) as u32;
+    let own_words = if overwrites_input { x.streams() as u64 * lmax as u64 * slots } else { 0 };
+    let segment_words = segment_words.max(own_words);
+    if segment_words > x.segment as u64 {
+        return Err(DeriveError::FlagsTooFew { need: segment_words * world as u64, have: cfg.flag_words });
+    }
+    plan.resources.flag_words = (world - 1) * x.segment + segment_words as u32;
     plan.resources.counter_words = if shared { 2 * words } else { words } as u32;
 
     let pairs = || (0..world).flat_map(|p| (0..world).filter(move |&q| q != p).map(move |q| (p, q)));
@@ -316,7 +339,7 @@ fn producer(x: &Ctx, r: u32, b: u32) -> Vec<Step> {
             then.push(Notify {
                 kind: NotifyKind::Ready,
                 peer: r,
-                flag: x.staged(stream, lane),
+                flag: x.staged(r, stream, lane),
                 value: EpochVal::chunk(1),
             });
         }
@@ -413,7 +436,7 @@ fn consumer(x: &Ctx, cfg: &PlanConfig, r: u32, b: u32) -> Vec<Step> {
                 // In place, the reduce overwrites input this rank's writers read: wait until
                 // every stream of the lane has staged the chunk.
                 steps.extend((0..x.streams()).map(|stream| Step::Wait {
-                    flag: x.staged(stream, lane),
+                    flag: x.staged(r, stream, lane),
                     value: EpochVal::chunk(1),
                     guard: Guard::new(0, ch),
                 }));

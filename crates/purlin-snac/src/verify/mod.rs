@@ -503,8 +503,9 @@ type Vc = Rc<Vec<u32>>;
 struct St {
     ps: Vec<Ps>,
     vc: Vec<Vc>,
-    /// `[rank][word]`: the stores in modification order.
-    flags: Vec<Vec<Vec<(u64, Vc)>>>,
+    /// `[rank]`, word → the stores in modification order (sparse: plans place their flags in
+    /// per-writer segments of a large flag area).
+    flags: Vec<BTreeMap<u32, Vec<(u64, Vc)>>>,
     ctrs: Vec<Vec<(u64, Vc)>>,
     epochs: Vec<Vec<u64>>,
     /// `[rank][space]`: 0 input, 1 output, 2 staging, 3 window.
@@ -1001,7 +1002,7 @@ impl<'a> Model<'a> {
             None => true,
             Some(Blk::Wait { idx, val, c }) => {
                 let v = eval(val, e, *c);
-                st.flags[r].get(*idx as usize).is_some_and(|h| h.iter().any(|(x, _)| *x >= v))
+                st.flags[r].get(idx).is_some_and(|h| h.iter().any(|(x, _)| *x >= v))
                     || av.flags.get(&(r, *idx)).is_some_and(|&x| x >= v)
             }
             Some(Blk::Packets { locs, val, c }) => {
@@ -1058,7 +1059,6 @@ impl<'a> Model<'a> {
         let maxw = |f: &dyn Fn(&Plan) -> u64| {
             (0..w).map(|r| self.calls.iter().map(|c| f(&c[r])).max().unwrap_or(0)).collect::<Vec<_>>()
         };
-        let flags = maxw(&|p| p.resources.flag_words as u64);
         let ctrs = maxw(&|p| p.resources.counter_words as u64);
         let eps = maxw(&|p| p.resources.epoch_words as u64);
         let stg = maxw(&|p| p.resources.staging_bytes);
@@ -1067,7 +1067,7 @@ impl<'a> Model<'a> {
         let mut st = St {
             ps: vec![Ps::default(); self.who.len()],
             vc: vec![zero.clone(); self.nclock],
-            flags: (0..w).map(|r| vec![vec![]; flags[r] as usize]).collect(),
+            flags: vec![BTreeMap::new(); w],
             ctrs: (0..w).map(|r| vec![(0, zero.clone()); ctrs[r] as usize]).collect(),
             epochs: (0..w).map(|r| vec![0; eps[r] as usize]).collect(),
             mem: (0..w).map(|r| [IMap::new(0), IMap::new(0), IMap::new(stg[r]), IMap::new(win[r])]).collect(),
@@ -1110,6 +1110,9 @@ impl<'a> Model<'a> {
         let mut output = IMap::new(res.output_bytes);
         let term = Term::In { call: k as u32, rank: r as u32, base: 0 };
         let tag = |_: ()| (k as u32 + 1, (h as u32, t), None, None);
+        // The output is the host's until this launch (it may have read the previous call's
+        // result): a peer's store into it not ordered after the launch is a race.
+        output.write(0, res.output_bytes, vec![(0, res.output_bytes, Term::Uninit)], tag(()), None);
         match res.alias {
             Some(Alias::InputInOutput(o)) => {
                 output.write(o, o + res.input_bytes, vec![(0, res.input_bytes, term)], tag(()), None);
@@ -1188,11 +1191,16 @@ impl<'a> Model<'a> {
         let (k, r, _) = self.who[pid];
         let p = self.plan(k, r);
         let off = reg.offset.at(c, e & 1);
-        let (rank, sp, off) = match (reg.space, p.resources.alias) {
+        // A peer's output lies where that peer's own plan puts its `Output`.
+        let (owner, alias) = match reg.space {
+            Space::PeerOutput(q) => (q as usize, self.plan(k, q as usize).resources.alias),
+            _ => (r, p.resources.alias),
+        };
+        let (rank, sp, off) = match (reg.space, alias) {
             (Space::Input, Some(Alias::InputInOutput(o))) => (r, 1, off + o),
             (Space::Input, _) => (r, 0, off),
-            (Space::Output, Some(Alias::OutputInInput(o))) => (r, 0, off + o),
-            (Space::Output, _) => (r, 1, off),
+            (Space::Output | Space::PeerOutput(_), Some(Alias::OutputInInput(o))) => (owner, 0, off + o),
+            (Space::Output | Space::PeerOutput(_), _) => (owner, 1, off),
             (Space::Staging(q), _) => (q as usize, 2, off),
             (Space::Window(q), _) => (q as usize, 3, off),
         };
@@ -1354,7 +1362,7 @@ impl<'a> Model<'a> {
             Step::Gather { expect: None, .. } | Step::Reduce { expect: None, .. } => true,
             Step::Wait { flag, value, .. } => {
                 let v = eval(value, e, c);
-                let ok = st.flags[r].get(flag.at(c) as usize).is_some_and(|h| h.iter().any(|(x, _)| *x >= v));
+                let ok = st.flags[r].get(&flag.at(c)).is_some_and(|h| h.iter().any(|(x, _)| *x >= v));
                 if !ok {
                     return None;
                 }
@@ -1456,11 +1464,11 @@ impl<'a> Model<'a> {
             }
             Step::Signal { notify, .. } => {
                 let snap = st.vc[pid].clone();
-                st.flags[notify.peer as usize][notify.flag.at(c) as usize].push((eval(&notify.value, e, c), snap));
+                st.flags[notify.peer as usize].entry(notify.flag.at(c)).or_default().push((eval(&notify.value, e, c), snap));
             }
             Step::Wait { flag, value, .. } => {
                 let v = eval(value, e, c);
-                let h = &st.flags[r][flag.at(c) as usize];
+                let h = st.flags[r].get(&flag.at(c)).map_or(&[][..], |h| &h[..]);
                 if let Some((_, x)) = h.iter().find(|(x, _)| *x >= v) {
                     let x = x.clone();
                     join(&mut st.vc[pid], &x);
@@ -1480,7 +1488,7 @@ impl<'a> Model<'a> {
                     let snap = std::mem::replace(&mut ctr.1, Rc::new(vec![0; self.nclock]));
                     ctr.0 = 0;
                     for n in then {
-                        st.flags[n.peer as usize][n.flag.at(c) as usize].push((eval(&n.value, e, c), snap.clone()));
+                        st.flags[n.peer as usize].entry(n.flag.at(c)).or_default().push((eval(&n.value, e, c), snap.clone()));
                     }
                     trace.push(Ev::Notifies(then.len() as u32));
                 }

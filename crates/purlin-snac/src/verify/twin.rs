@@ -177,11 +177,17 @@ fn twin_plan(p: &Plan, t: u64, lap: u64, tails: bool) -> Option<(Plan, bool)> {
     Some((out, cut))
 }
 
-/// Output byte ranges a plan's steps write, over the chunks each step runs at.
-fn output_writes(p: &Plan, sense: u64) -> Vec<(u64, u64)> {
+/// Byte ranges of rank `owner`'s output that a plan's steps write (its own `Output` when the
+/// plan is `owner`'s, else `PeerOutput(owner)`), over the chunks each step runs at.
+fn output_writes(p: &Plan, owner: u32, sense: u64) -> Vec<(u64, u64)> {
     let mut v = vec![];
     let mut add = |dst: &Region, len: &Len, c: u64| {
-        if dst.space == Space::Output {
+        let mine = match dst.space {
+            Space::Output => p.rank == owner,
+            Space::PeerOutput(q) => q == owner,
+            _ => false,
+        };
+        if mine {
             let a = dst.offset.at(c, sense);
             let n = len.at(c);
             if n > 0 {
@@ -261,12 +267,16 @@ pub fn twin(calls: &[Vec<Plan>], sense: &[u64]) -> Twin {
         match twins {
             Some(ts) if ts.iter().any(|(_, cut)| *cut) => {
                 let s = sense.get(k).copied().unwrap_or(0);
+                // Output coordinates: an in-place alias shifts both plans alike. Every rank's
+                // plan may write rank `r`'s output (one-copy plans store into peers').
+                let writes = |set: &mut dyn Iterator<Item = &Plan>, r: u32| {
+                    normalize(set.flat_map(|p| output_writes(p, r, s)).collect())
+                };
                 tw.skip.push(
-                    plans
-                        .iter()
-                        .zip(&ts)
-                        // Output coordinates: an in-place alias shifts both plans alike.
-                        .map(|(p, (q, _))| minus(&output_writes(p, s), &output_writes(q, s)))
+                    (0..plans.len() as u32)
+                        .map(|r| {
+                            minus(&writes(&mut plans.iter(), r), &writes(&mut ts.iter().map(|(q, _)| q), r))
+                        })
                         .collect(),
                 );
                 tw.calls.push(ts.into_iter().map(|(p, _)| p).collect());

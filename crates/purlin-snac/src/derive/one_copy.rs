@@ -1,0 +1,139 @@
+//! The one-copy path of the copy collectives (AllGather, AllToAll and their V forms) when
+//! every rank's output is registered symmetric memory ([`PlanConfig::peer_outputs`]).
+//!
+//! Staged, every byte crosses two copies: the writer's into the reader's staging (or its own),
+//! the reader's out of it into the output. With outputs every rank can address, a writer
+//! stores its bytes straight into each destination's output (`Space::PeerOutput`), so each
+//! byte is copied once, and no slots, drains or readers are needed: one role, `Producer`,
+//! whose `B = blocks_per_role` blocks each take a `chunk_bytes / B` slice of every chunk of
+//! every transfer (this rank's own part, out of place, is a local copy like any other).
+//!
+//! Two notifications per pair of ranks bound the stores to the call (flags `E + 1`, advance 1):
+//! - *entry*: block 0 of every rank signals each peer at entry. A peer's output is free only
+//!   once the peer's stream has reached this call (before that, the peer's earlier work may
+//!   still read it), so every block waits for the destination's entry before its first store
+//!   there (at chunk 0).
+//! - *done*: every block arrives on one counter after its last store; the last arrival signals
+//!   each peer that all of this rank's stores are made. Block 0 waits for every peer's done
+//!   before it exits, so when this rank's kernel ends its output is complete.
+//!
+//! Flags: word 0 of the signalling rank's segment is `entry`, word 1 `done`. The verifier models
+//! the first rule as the owner's host writing its output at launch (a store not ordered after
+//! it is a race) and the second through the output check at the owner's kernel end.
+
+use super::{PlanConfig, empty_non_v, empty_plan};
+use crate::plan::{
+    Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Role, Step,
+};
+use crate::spec::CollectiveSpec;
+use crate::types::Regime;
+
+use super::DeriveError;
+
+/// One rank's bytes bound for one destination: `len` bytes from `src` in this rank's input
+/// to `dst` in the destination's output.
+struct Transfer {
+    to: u32,
+    src: u64,
+    dst: u64,
+    len: u64,
+}
+
+/// What `rank` sends, destination by destination from `rank + 1` on (so that at world > 2
+/// ranks start on different links), its own part last; in place, the own part of an
+/// AllGather is already where it belongs.
+fn transfers(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Vec<Transfer> {
+    let world = spec.world;
+    let mut out = vec![];
+    for step in 1..=world {
+        let to = (rank + step) % world;
+        if to == rank && cfg.in_place {
+            continue;
+        }
+        for seg in spec.segments(to) {
+            let (from, src) = seg.sources[0];
+            if from == rank && seg.len > 0 {
+                out.push(Transfer { to, src, dst: seg.out_offset, len: seg.len });
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
+    let world = spec.world;
+    let mut plan = empty_plan(spec, cfg, rank, Regime::Throughput, Some(cfg.staging_side));
+    if empty_non_v(spec) {
+        return Ok(plan);
+    }
+    let blocks = cfg.blocks_per_role;
+    if blocks > cfg.max_coresident_blocks {
+        return Err(DeriveError::TooManyBlocks { need: blocks as u64, bound: cfg.max_coresident_blocks });
+    }
+    let c = cfg.chunk_bytes;
+    let slice = c / blocks as u64;
+    // In the segment of the rank that stores the flag (`flag_segment`): entry at word 0,
+    // done at word 1.
+    let segment = super::flag_segment(cfg, world);
+    if segment < 2 {
+        return Err(DeriveError::FlagsTooFew { need: 2 * world as u64, have: cfg.flag_words });
+    }
+    let entry = |from: u32| Index::fixed(from * segment);
+    let done = |from: u32| Index::fixed(from * segment + 1);
+    let once = EpochVal::at(1);
+    let sends = transfers(spec, cfg, rank);
+    let trips = sends.iter().map(|t| t.len.div_ceil(c)).max().unwrap_or(0);
+    let peers = || (0..world).filter(move |&q| q != rank);
+
+    for b in 0..blocks {
+        let mut steps = vec![];
+        if b == 0 {
+            for q in peers() {
+                let notify = Notify { kind: NotifyKind::Ready, peer: q, flag: entry(rank), value: once };
+                steps.push(Step::Signal { notify, guard: Guard::ALWAYS });
+            }
+        }
+        if trips > 0 {
+            let mut body = vec![];
+            let mut waited = vec![false; world as usize];
+            for t in &sends {
+                let off = |base: u64| Offset::fixed(base + b as u64 * slice).chunk(c);
+                let dst = if t.to == rank {
+                    Region::output(off(t.dst))
+                } else {
+                    if !waited[t.to as usize] {
+                        waited[t.to as usize] = true;
+                        body.push(Step::Wait { flag: entry(t.to), value: once, guard: Guard::new(0, 1) });
+                    }
+                    Region::peer_output(t.to, off(t.dst))
+                };
+                body.push(Step::Gather {
+                    dst,
+                    src: Region::input(off(t.src)),
+                    len: Len::slice(slice, t.len, b as u64 * slice, c),
+                    expect: None,
+                    guard: Guard::ALWAYS,
+                });
+            }
+            steps.push(Step::ChunkLoop { trips, body });
+        }
+        let then = peers().map(|q| Notify { kind: NotifyKind::Ready, peer: q, flag: done(rank), value: once });
+        steps.push(Step::Arrive {
+            counter: Index::fixed(0),
+            arrivals: blocks,
+            then: then.collect(),
+            guard: Guard::ALWAYS,
+            reset: None,
+        });
+        if b == 0 {
+            for q in peers() {
+                steps.push(Step::Wait { flag: done(q), value: once, guard: Guard::ALWAYS });
+            }
+        }
+        plan.blocks.push(BlockProgram { role: Role::Producer, steps });
+    }
+    plan.resources.flag_words = (world - 1) * segment + 2;
+    plan.resources.counter_words = 1;
+    plan.advance = Advance::Fixed(1);
+    Ok(plan)
+}
