@@ -155,3 +155,72 @@ fn back_to_back_calls_with_different_grids() {
         }
     }
 }
+
+/// What every rank's output must hold, from the spec's meaning (`segments`), not the plans.
+fn gathered(spec: &CollectiveSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    (0..spec.world)
+        .map(|r| {
+            let mut out = vec![0u8; spec.output_bytes(r) as usize];
+            for seg in spec.segments(r) {
+                let (src, off) = seg.sources[0];
+                let (a, n) = (seg.out_offset as usize, seg.len as usize);
+                out[a..a + n].copy_from_slice(&inputs[src as usize][off as usize..off as usize + n]);
+            }
+            out
+        })
+        .collect()
+}
+
+/// One-copy plans (every rank's output registered: writers store straight into the peers'
+/// outputs) move real bytes on the host executor: AllGather, AllToAll and their V forms on
+/// worlds 2-4, back to back with staged calls that share the flag and counter words; and the
+/// same plans with one peer-output store shifted by a byte fail the check.
+#[test]
+fn one_copy_plans_move_every_byte_once() {
+    for world in 2u32..=4 {
+        let w = world as usize;
+        let specs = [
+            CollectiveSpec::all_gather(world, DataType::U8, 3000),
+            CollectiveSpec::all_to_all(world, DataType::U8, 1100),
+            CollectiveSpec::all_gather_v(world, DataType::U8, (0..w as u64).map(|r| [2500, 0, 77, 1024][r as usize]).collect()),
+            CollectiveSpec::all_to_all_v(
+                world,
+                DataType::U8,
+                (0..w).map(|s| (0..w).map(|d| ((s * 7 + d * 13) % 5) as u64 * 300).collect()).collect(),
+            ),
+        ];
+        let mem = HostMemoryConfig { staging_bytes: 1 << 16, window_bytes: 1 << 16, ..HostMemoryConfig::default() };
+        let host = HostWorld::new(w, mem, Duration::from_secs(10));
+        for spec in specs {
+            let staged = PlanConfig {
+                regime: Regime::Throughput,
+                chunk_bytes: 1024,
+                blocks_per_role: 2,
+                slots: 2,
+                staging_bytes: 1 << 16,
+                window_bytes: 1 << 16,
+                ..PlanConfig::default()
+            };
+            let one_copy = PlanConfig { peer_outputs: true, blocks_per_role: 4, ..staged };
+            let x: Vec<Vec<u8>> = (0..world)
+                .map(|r| (0..spec.input_bytes(r)).map(|i| ((r as u64 * 97 + i * 31) % 251) as u8).collect())
+                .collect();
+            let want = gathered(&spec, &x);
+            for (k, cfg) in [one_copy, staged, one_copy].iter().enumerate() {
+                let plans = derive(&spec, cfg).expect("derive");
+                let mut outputs: Vec<Vec<u8>> = want.iter().map(|o| vec![0xA5; o.len()]).collect();
+                for r in execute_on_host(&host, &plans, &x, &mut outputs, false) {
+                    r.unwrap_or_else(|e| panic!("{:?} w{world} call {k}: {e}", spec.collective));
+                }
+                assert_eq!(outputs, want, "{:?} w{world} call {k}", spec.collective);
+            }
+            let mut shifted = derive(&spec, &one_copy).expect("derive");
+            let is_peer_store = |s: &Step| matches!(s, Step::Gather { dst, .. } if matches!(dst.space, Space::PeerOutput(_)));
+            assert!(shifted.iter_mut().any(|p| shift_first(p, is_peer_store)), "no peer-output store to shift");
+            let mut outputs: Vec<Vec<u8>> = want.iter().map(|o| vec![0xA5; o.len()]).collect();
+            let ran = execute_on_host(&host, &shifted, &x, &mut outputs, false);
+            let failed = ran.iter().any(Result::is_err) || outputs != want;
+            assert!(failed, "{:?} w{world}: a shifted peer-output store passed the check", spec.collective);
+        }
+    }
+}

@@ -1112,7 +1112,9 @@ impl<'a> Model<'a> {
         let tag = |_: ()| (k as u32 + 1, (h as u32, t), None, None);
         // The output is the host's until this launch (it may have read the previous call's
         // result): a peer's store into it not ordered after the launch is a race.
-        output.write(0, res.output_bytes, vec![(0, res.output_bytes, Term::Uninit)], tag(()), None);
+        if res.output_bytes > 0 {
+            output.write(0, res.output_bytes, vec![(0, res.output_bytes, Term::Uninit)], tag(()), None);
+        }
         match res.alias {
             Some(Alias::InputInOutput(o)) => {
                 output.write(o, o + res.input_bytes, vec![(0, res.input_bytes, term)], tag(()), None);
