@@ -35,7 +35,10 @@ use crate::exec_device::{DeviceExecutor, ExecParams, ExecRuntime};
 use crate::host::{DEFAULT_TIMEOUT, HostComm};
 use crate::id::{Id, TorchEnv};
 use crate::tuning::{PlanLimits, Tuning};
-use crate::workspace::{FLAG_SLOTS, SymmetricWorkspace, TeardownReport, WorkspaceConfig, WorkspaceLayout};
+use crate::symmetric::SymmetricBuffer;
+use crate::workspace::{
+    FLAG_SLOTS, SymmetricAlloc, SymmetricWorkspace, TeardownReport, WorkspaceConfig, WorkspaceLayout,
+};
 use purlin_snac::{CollectiveSpec, Plan};
 use std::collections::HashMap;
 
@@ -269,9 +272,11 @@ impl std::fmt::Debug for Owner {
 }
 
 /// The workspaces of a single-process group; dropping it synchronises every GPU of the
-/// group and frees them all (no kernel of the group can still run).
+/// group and frees them all (no kernel of the group can still run), and with them every
+/// symmetric buffer the group's communicators allocated.
 struct GroupOwner {
     parts: Mutex<Vec<GroupPart>>,
+    symmetric: Mutex<Vec<(SymmetricAlloc<IpcBackend>, IpcBackend)>>,
 }
 
 /// One rank's share of a single-process group.
@@ -285,6 +290,9 @@ impl Drop for GroupOwner {
         }
         for (ws, mut backend, _) in parts {
             ws.discard_now(&mut backend);
+        }
+        for (alloc, mut backend) in std::mem::take(&mut *self.symmetric.lock().unwrap_or_else(|e| e.into_inner())) {
+            alloc.discard_now(&mut backend);
         }
     }
 }
@@ -313,7 +321,19 @@ pub struct Comm {
     plans: Mutex<HashMap<PlanKey, Arc<PreparedPlan>>>,
     pub(crate) poison: Mutex<Option<String>>,
     next_flag_slot: Mutex<Vec<usize>>,
+    /// Symmetric buffers, in allocation order (the same on every rank).
+    symmetric: Mutex<Vec<SymmetricRecord>>,
     owner: Owner,
+}
+
+/// A symmetric buffer of this communicator: where it lies on every rank, and (one process per
+/// GPU) its allocation, released at teardown; in a single-process group the group owns it.
+#[derive(Debug)]
+struct SymmetricRecord {
+    bytes: usize,
+    /// Every rank's base as mapped here.
+    addrs: Vec<u64>,
+    alloc: Option<(SymmetricAlloc<IpcBackend>, IpcBackend)>,
 }
 
 /// Turns this rank's outcome of a step into everyone's: all ranks exchange their status;
@@ -556,6 +576,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         plans: Mutex::new(HashMap::new()),
         poison: Mutex::new(None),
         next_flag_slot: Mutex::new(vec![0; world]),
+        symmetric: Mutex::new(vec![]),
         owner,
     };
     comm.host.barrier("set-up: final barrier")?;
@@ -624,7 +645,7 @@ impl Comm {
                 parts.push((ws, b, c.stream.clone()));
             }
         }
-        let group = Arc::new(GroupOwner { parts: Mutex::new(parts) });
+        let group = Arc::new(GroupOwner { parts: Mutex::new(parts), symmetric: Mutex::new(vec![]) });
         for c in &mut comms {
             c.owner = Owner::Group(group.clone());
         }
@@ -1069,7 +1090,67 @@ impl Comm {
         self.check_device(recvbuff)?;
         let (input, _record_in) = sendbuff.device_ptr(&self.stream);
         let (output, _record_out) = recvbuff.device_ptr_mut(&self.stream);
-        self.launch_collective(spec, false, input, output)
+        let peers = self.peer_outputs(&spec, output)?;
+        let prepared = self.prepared(spec, false, peers.is_some())?;
+        self.launch_prepared(&prepared, input, output, peers)
+    }
+
+    /// Every rank's output as mapped here when `output` is the base of one of this
+    /// communicator's symmetric buffers that holds every rank's output of `spec` (the
+    /// one-copy path), else `None` (staged).
+    fn peer_outputs(&self, spec: &CollectiveSpec, output: u64) -> Result<Option<Vec<u64>>, Error> {
+        let records = self.symmetric.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(r) = records.iter().find(|r| r.addrs[self.rank] == output) else { return Ok(None) };
+        if let Some(q) = (0..spec.world).find(|&q| spec.output_bytes(q) > r.bytes as u64) {
+            return Err(Error::InvalidArgument(format!(
+                "{:?} into a symmetric buffer of {} bytes: rank {q}'s output needs {} bytes, and peers store into \
+                 every rank's buffer",
+                spec.collective,
+                r.bytes,
+                spec.output_bytes(q)
+            )));
+        }
+        Ok(Some(r.addrs.clone()))
+    }
+
+    /// Allocates `len` elements of `T` on every rank at once (a collective call: every rank
+    /// calls it, in the same order, with the same `len`) and maps every peer's, like NCCL's
+    /// `ncclMemAlloc` + `ncclCommWindowRegister`. A collective whose output is such a buffer
+    /// may store straight into the peers' outputs ([`crate::symmetric`]). The memory is
+    /// zeroed, and released with the communicator.
+    pub fn alloc_symmetric<T: NcclType>(&self, len: usize) -> Result<SymmetricBuffer<'_, T>, Error> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).filter(|&b| b > 0).ok_or_else(|| {
+            Error::InvalidArgument(format!("a symmetric buffer of {len} elements of {} bytes", std::mem::size_of::<T>()))
+        })?;
+        let mut backend = IpcBackend::new(self.context().clone());
+        let alloc = SymmetricAlloc::establish(&self.host, &mut backend, bytes, "symmetric buffer")?;
+        let addrs = alloc.addrs().to_vec();
+        let alloc = match &self.owner {
+            Owner::Group(group) => {
+                group.symmetric.lock().unwrap_or_else(|e| e.into_inner()).push((alloc, backend));
+                None
+            }
+            _ => Some((alloc, backend)),
+        };
+        let base = addrs[self.rank];
+        self.symmetric.lock().unwrap_or_else(|e| e.into_inner()).push(SymmetricRecord { bytes, addrs, alloc });
+        Ok(SymmetricBuffer::new(self, base, len))
+    }
+
+    /// [`Comm::alloc_symmetric`] on every communicator of a single-process group at once
+    /// (one thread per rank), for the communicators of [`Comm::from_devices`].
+    pub fn alloc_symmetric_group<T: NcclType>(comms: &[Comm], len: usize) -> Result<Vec<SymmetricBuffer<'_, T>>, Error> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = comms.iter().map(|c| s.spawn(move || c.alloc_symmetric::<T>(len))).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Protocol { peer: None, what: "symmetric allocation thread panicked".into() })
+                    })
+                })
+                .collect()
+        })
     }
 
     /// An in-place call on one buffer: the plan's alias says where in it the input or the
@@ -1082,8 +1163,14 @@ impl Comm {
     ) -> Result<Status, Error> {
         spec.validate()?;
         self.check_device(buff)?;
-        let prepared = self.prepared(spec, true)?;
         let bytes = (buff.len() * std::mem::size_of::<T>()) as u64;
+        let (ptr, _record) = buff.device_ptr_mut(&self.stream);
+        // AllGather in place: the output is the whole buffer, so one copy applies as out of place.
+        let peers = match spec.collective {
+            purlin_snac::Collective::AllGather | purlin_snac::Collective::AllGatherV => self.peer_outputs(&spec, ptr)?,
+            _ => None,
+        };
+        let prepared = self.prepared(spec, true, peers.is_some())?;
         let res = prepared.plan.resources;
         let (input_at, output_at) = match res.alias {
             Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
@@ -1097,14 +1184,18 @@ impl Comm {
                 prepared.plan.spec.collective, res.input_bytes, res.output_bytes
             )));
         }
-        let (ptr, _record) = buff.device_ptr_mut(&self.stream);
-        self.launch_prepared(&prepared, ptr + input_at, ptr + output_at)
+        self.launch_prepared(&prepared, ptr + input_at, ptr + output_at, peers)
     }
 
-    /// The plan of a call, derived once per (spec, in place) and kept with its parameter
-    /// block.
-    pub(crate) fn prepared(&self, spec: CollectiveSpec, in_place: bool) -> Result<Arc<PreparedPlan>, Error> {
-        let key = (spec, in_place);
+    /// The plan of a call, derived once per (spec, in place, output symmetric) and kept with
+    /// its parameter block.
+    pub(crate) fn prepared(
+        &self,
+        spec: CollectiveSpec,
+        in_place: bool,
+        peer_outputs: bool,
+    ) -> Result<Arc<PreparedPlan>, Error> {
+        let key = (spec, in_place, peer_outputs);
         if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
@@ -1114,7 +1205,7 @@ impl Comm {
             max_coresident_blocks: self.exec_bound.min(self.layout.config.epoch_words as u32),
             packet: self.exec.packet(),
             flag_words: u32::try_from(self.layout.config.flag_words).unwrap_or(u32::MAX),
-            peer_outputs: false,
+            peer_outputs,
         };
         let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
         let plan = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
@@ -1146,24 +1237,23 @@ impl Comm {
         rt
     }
 
-    fn launch_collective(
+    /// Launches a prepared plan on `input` and `output`, device pointers of this GPU that the
+    /// caller checked hold the plan's input and output bytes; `peers`: every rank's
+    /// symmetric output as mapped here, for one-copy plans.
+    fn launch_prepared(
         &self,
-        spec: CollectiveSpec,
-        in_place: bool,
+        prepared: &PreparedPlan,
         input: u64,
         output: u64,
+        peers: Option<Vec<u64>>,
     ) -> Result<Status, Error> {
-        let prepared = self.prepared(spec, in_place)?;
-        self.launch_prepared(&prepared, input, output)
-    }
-
-    /// Launches a prepared plan on `input` and `output`, device pointers of this GPU that the
-    /// caller checked hold the plan's input and output bytes.
-    fn launch_prepared(&self, prepared: &PreparedPlan, input: u64, output: u64) -> Result<Status, Error> {
         if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(Error::Poisoned(why));
         }
-        let rt = self.runtime(input, output);
+        let mut rt = self.runtime(input, output);
+        if let Some(peers) = peers {
+            rt.peer_output[..peers.len()].copy_from_slice(&peers);
+        }
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
         // offsets, checked by `collective_in_place`), kept alive by the caller's borrow until the launch
@@ -1232,8 +1322,18 @@ impl Comm {
     fn teardown(&mut self) -> TeardownReport {
         // Every device wait is bounded, so this returns.
         let _ = self.stream.synchronize();
+        let symmetric = std::mem::take(&mut *self.symmetric.lock().unwrap_or_else(|e| e.into_inner()));
         match std::mem::replace(&mut self.owner, Owner::Peer(None)) {
-            Owner::Ipc(Some((ws, mut backend))) => ws.release(&self.host, &mut backend),
+            Owner::Ipc(Some((ws, mut backend))) => {
+                // Symmetric buffers first, in allocation order (the same on every rank).
+                let mut leaked = 0;
+                for (alloc, mut b) in symmetric.into_iter().filter_map(|r| r.alloc) {
+                    leaked += alloc.release(&self.host, &mut b).leaked_bytes;
+                }
+                let mut report = ws.release(&self.host, &mut backend);
+                report.leaked_bytes += leaked;
+                report
+            }
             Owner::Peer(Some((ws, mut backend))) => {
                 let _ = self.context().synchronize();
                 ws.discard_now(&mut backend);
@@ -1269,8 +1369,9 @@ pub(crate) struct PreparedPlan {
     params: ExecParams,
 }
 
-/// What a prepared plan depends on besides the communicator: the spec and in-place-ness.
-type PlanKey = (CollectiveSpec, bool);
+/// What a prepared plan depends on besides the communicator: the spec, in-place-ness, and
+/// whether the output is a symmetric buffer.
+type PlanKey = (CollectiveSpec, bool, bool);
 
 /// Elements per partition of a `len`-element buffer split among `world` ranks, or an
 /// `InvalidArgument` naming `what`.

@@ -138,7 +138,7 @@ impl Comm {
     #[doc(hidden)]
     pub fn plan_for_conformance(&self, spec: CollectiveSpec, in_place: bool) -> Result<Plan, Error> {
         spec.validate()?;
-        Ok(self.prepared(spec, in_place)?.plan.clone())
+        Ok(self.prepared(spec, in_place, false)?.plan.clone())
     }
 
     /// Enqueues one launch of the device executor running `plan` — as given: it is neither

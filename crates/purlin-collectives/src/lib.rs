@@ -20,6 +20,7 @@ pub mod id;
 pub mod kernels;
 pub mod nccl;
 pub mod smoke;
+pub mod symmetric;
 pub mod tuning;
 pub mod workspace;
 
@@ -27,6 +28,7 @@ pub use comm::{Comm, CommConfig, ReduceOp};
 pub use cpu::{CpuComm, CpuConfig};
 pub use error::Error;
 pub use id::Id;
+pub use symmetric::SymmetricBuffer;
 
 pub use purlin_atom as atom;
 pub use purlin_snac as snac;

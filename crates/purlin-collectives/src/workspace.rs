@@ -256,21 +256,40 @@ pub trait SymmetricBackend {
     fn free(&mut self, local: Self::Local);
 }
 
-/// One rank's view of the symmetric workspace: its own allocation and every peer's.
-pub struct SymmetricWorkspace<B: SymmetricBackend> {
-    layout: WorkspaceLayout,
+/// One rank's share of a symmetric allocation: its own memory and every peer's as mapped
+/// here. Made by the set-up protocol above (every rank allocates the same number of bytes,
+/// publishes a handle once the memory is zeroed, maps every peer's) and released by the
+/// teardown protocol; the workspace and [`crate::SymmetricBuffer`]s are both made this way.
+pub struct SymmetricAlloc<B: SymmetricBackend> {
+    bytes: usize,
     rank: usize,
     local: Option<B::Local>,
     remotes: Vec<Option<B::Remote>>,
     addrs: Vec<u64>,
 }
 
+impl<B: SymmetricBackend> std::fmt::Debug for SymmetricAlloc<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SymmetricAlloc")
+            .field("rank", &self.rank)
+            .field("bytes", &self.bytes)
+            .field("addrs", &self.addrs)
+            .finish()
+    }
+}
+
+/// One rank's view of the symmetric workspace: its own allocation and every peer's.
+pub struct SymmetricWorkspace<B: SymmetricBackend> {
+    layout: WorkspaceLayout,
+    alloc: SymmetricAlloc<B>,
+}
+
 impl<B: SymmetricBackend> std::fmt::Debug for SymmetricWorkspace<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SymmetricWorkspace")
-            .field("rank", &self.rank)
+            .field("rank", &self.alloc.rank)
             .field("total_bytes", &self.layout.total_bytes)
-            .field("addrs", &self.addrs)
+            .field("addrs", &self.alloc.addrs)
             .finish()
     }
 }
@@ -288,22 +307,16 @@ pub struct TeardownReport {
     pub error: Option<String>,
 }
 
-impl<B: SymmetricBackend> SymmetricWorkspace<B> {
-    /// Runs the set-up protocol above with every other rank of `host`.
-    pub fn establish(host: &HostComm, backend: &mut B, layout: WorkspaceLayout) -> Result<Self, Error> {
+impl<B: SymmetricBackend> SymmetricAlloc<B> {
+    /// Runs the set-up protocol for `bytes` bytes on every rank of `host`; `what` names the
+    /// allocation in errors. Every rank must ask for the same size (else `Error::Mismatch`).
+    pub fn establish(host: &HostComm, backend: &mut B, bytes: usize, what: &str) -> Result<Self, Error> {
         let (rank, world) = (host.rank(), host.world());
-        if layout.world != world {
-            return Err(Error::InvalidArgument(format!("layout for world {} used in world {world}", layout.world)));
+        let sizes = host.all_gather(&(bytes as u64).to_le_bytes(), &format!("set-up: {what} size"))?;
+        if let Some(peer) = sizes.iter().position(|d| *d != (bytes as u64).to_le_bytes()) {
+            return Err(Error::Mismatch { rank, peer, what: format!("{what} size (this rank: {bytes} bytes)") });
         }
-        let digests = host.all_gather(&layout.digest(), "set-up: workspace layout")?;
-        if let Some(peer) = digests.iter().position(|d| *d != layout.digest()) {
-            return Err(Error::Mismatch {
-                rank,
-                peer,
-                what: format!("workspace configuration (this rank: {:?}, world {world})", layout.config),
-            });
-        }
-        let local = backend.alloc_zeroed(layout.total_bytes)?;
+        let local = backend.alloc_zeroed(bytes)?;
         let handle = match backend.export(&local) {
             Ok(h) => h,
             Err(e) => {
@@ -312,51 +325,50 @@ impl<B: SymmetricBackend> SymmetricWorkspace<B> {
             }
         };
         // Published only now: the memory is zero and the zeroing has completed.
-        let handles = match host.all_gather(&handle, "set-up: publish workspace handles") {
+        let handles = match host.all_gather(&handle, &format!("set-up: publish {what} handles")) {
             Ok(h) => h,
             Err(e) => {
                 backend.free(local);
                 return Err(e);
             }
         };
-        let mut ws =
-            Self { rank, remotes: (0..world).map(|_| None).collect(), addrs: vec![0; world], local: None, layout };
-        ws.addrs[rank] = backend.local_addr(&local);
-        ws.local = Some(local);
+        let mut a = Self { bytes, rank, remotes: (0..world).map(|_| None).collect(), addrs: vec![0; world], local: None };
+        a.addrs[rank] = backend.local_addr(&local);
+        a.local = Some(local);
         let mut failure = None;
         for (peer, h) in handles.iter().enumerate() {
             if peer == rank {
                 continue;
             }
-            match backend.import(peer, h, ws.layout.total_bytes) {
+            match backend.import(peer, h, bytes) {
                 Ok(r) => {
-                    ws.addrs[peer] = backend.remote_addr(&r);
-                    ws.remotes[peer] = Some(r);
+                    a.addrs[peer] = backend.remote_addr(&r);
+                    a.remotes[peer] = Some(r);
                 }
                 Err(e) => {
-                    failure = Some(format!("opening rank {peer}'s workspace: {e}"));
+                    failure = Some(format!("opening rank {peer}'s {what}: {e}"));
                     break;
                 }
             }
         }
         let status = failure.clone().unwrap_or_default();
-        let verdicts = match host.all_gather(status.as_bytes(), "set-up: workspace mapped") {
+        let verdicts = match host.all_gather(status.as_bytes(), &format!("set-up: {what} mapped")) {
             Ok(v) => v,
             Err(e) => {
-                ws.discard(backend);
+                a.discard(backend);
                 return Err(e);
             }
         };
         if let Some((peer, why)) = verdicts.iter().enumerate().find(|(_, v)| !v.is_empty()) {
-            ws.discard(backend);
+            a.discard(backend);
             let why = String::from_utf8_lossy(why).into_owned();
             return Err(if peer == rank {
                 Error::Protocol { peer: None, what: why }
             } else {
-                Error::PeerFailed { rank, peer, during: "set-up: mapping the workspace".into(), error: why }
+                Error::PeerFailed { rank, peer, during: format!("set-up: mapping the {what}"), error: why }
             });
         }
-        Ok(ws)
+        Ok(a)
     }
 
     /// Closes and frees everything at once, without meeting the peers (set-up failures,
@@ -376,17 +388,12 @@ impl<B: SymmetricBackend> SymmetricWorkspace<B> {
         self.discard(backend);
     }
 
-    /// The layout.
-    pub fn layout(&self) -> &WorkspaceLayout {
-        &self.layout
+    /// Bytes per rank.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
-    /// This rank.
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-
-    /// Every rank's workspace base address as seen from this rank (own at `rank()`).
+    /// Every rank's base address as seen from this rank (own at the rank's index).
     pub fn addrs(&self) -> &[u64] {
         &self.addrs
     }
@@ -416,11 +423,56 @@ impl<B: SymmetricBackend> SymmetricWorkspace<B> {
             if free {
                 backend.free(l);
             } else {
-                report.leaked_bytes = self.layout.total_bytes;
+                report.leaked_bytes = self.bytes;
                 std::mem::forget(l);
             }
         }
         report
+    }
+}
+
+impl<B: SymmetricBackend> SymmetricWorkspace<B> {
+    /// Runs the set-up protocol above with every other rank of `host`.
+    pub fn establish(host: &HostComm, backend: &mut B, layout: WorkspaceLayout) -> Result<Self, Error> {
+        let (rank, world) = (host.rank(), host.world());
+        if layout.world != world {
+            return Err(Error::InvalidArgument(format!("layout for world {} used in world {world}", layout.world)));
+        }
+        let digests = host.all_gather(&layout.digest(), "set-up: workspace layout")?;
+        if let Some(peer) = digests.iter().position(|d| *d != layout.digest()) {
+            return Err(Error::Mismatch {
+                rank,
+                peer,
+                what: format!("workspace configuration (this rank: {:?}, world {world})", layout.config),
+            });
+        }
+        let alloc = SymmetricAlloc::establish(host, backend, layout.total_bytes, "workspace")?;
+        Ok(Self { layout, alloc })
+    }
+
+    /// [`SymmetricAlloc::discard_now`].
+    pub(crate) fn discard_now(self, backend: &mut B) {
+        self.alloc.discard_now(backend);
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &WorkspaceLayout {
+        &self.layout
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.alloc.rank
+    }
+
+    /// Every rank's workspace base address as seen from this rank (own at `rank()`).
+    pub fn addrs(&self) -> &[u64] {
+        self.alloc.addrs()
+    }
+
+    /// The teardown protocol above. Call only after this rank's kernels have completed.
+    pub fn release(self, host: &HostComm, backend: &mut B) -> TeardownReport {
+        self.alloc.release(host, backend)
     }
 }
 
