@@ -35,7 +35,7 @@ use crate::exec_device::{DeviceExecutor, ExecParams, ExecRuntime};
 use crate::host::{DEFAULT_TIMEOUT, HostComm};
 use crate::id::{Id, TorchEnv};
 use crate::tuning::{PlanLimits, Tuning};
-use crate::symmetric::SymmetricBuffer;
+use crate::symmetric::{SymmetricBuffer, SymmetricMem};
 use crate::workspace::{
     FLAG_SLOTS, SymmetricAlloc, SymmetricWorkspace, TeardownReport, WorkspaceConfig, WorkspaceLayout,
 };
@@ -276,7 +276,7 @@ impl std::fmt::Debug for Owner {
 /// symmetric buffer the group's communicators allocated.
 struct GroupOwner {
     parts: Mutex<Vec<GroupPart>>,
-    symmetric: Mutex<Vec<(SymmetricAlloc<IpcBackend>, IpcBackend)>>,
+    symmetric: Mutex<Vec<(SymmetricAlloc<IpcBackend>, IpcBackend, Arc<SymmetricMem>)>>,
 }
 
 /// One rank's share of a single-process group.
@@ -291,8 +291,9 @@ impl Drop for GroupOwner {
         for (ws, mut backend, _) in parts {
             ws.discard_now(&mut backend);
         }
-        for (alloc, mut backend) in std::mem::take(&mut *self.symmetric.lock().unwrap_or_else(|e| e.into_inner())) {
-            alloc.discard_now(&mut backend);
+        for (alloc, mut backend, mem) in std::mem::take(&mut *self.symmetric.lock().unwrap_or_else(|e| e.into_inner())) {
+            // A buffer still held keeps its memory (its peers' mappings are never used again).
+            alloc.discard_now(&mut backend, Arc::strong_count(&mem) > 1);
         }
     }
 }
@@ -330,9 +331,7 @@ pub struct Comm {
 /// GPU) its allocation, released at teardown; in a single-process group the group owns it.
 #[derive(Debug)]
 struct SymmetricRecord {
-    bytes: usize,
-    /// Every rank's base as mapped here.
-    addrs: Vec<u64>,
+    mem: Arc<SymmetricMem>,
     alloc: Option<(SymmetricAlloc<IpcBackend>, IpcBackend)>,
 }
 
@@ -1098,48 +1097,47 @@ impl Comm {
     /// Every rank's output as mapped here when `output` is the base of one of this
     /// communicator's symmetric buffers that holds every rank's output of `spec` (the
     /// one-copy path), else `None` (staged).
-    fn peer_outputs(&self, spec: &CollectiveSpec, output: u64) -> Result<Option<Vec<u64>>, Error> {
+    pub(crate) fn peer_outputs(&self, spec: &CollectiveSpec, output: u64) -> Result<Option<Vec<u64>>, Error> {
         let records = self.symmetric.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(r) = records.iter().find(|r| r.addrs[self.rank] == output) else { return Ok(None) };
-        if let Some(q) = (0..spec.world).find(|&q| spec.output_bytes(q) > r.bytes as u64) {
+        let Some(m) = records.iter().map(|r| &r.mem).find(|m| m.addrs[self.rank] == output) else { return Ok(None) };
+        if let Some(q) = (0..spec.world).find(|&q| spec.output_bytes(q) > m.bytes as u64) {
             return Err(Error::InvalidArgument(format!(
                 "{:?} into a symmetric buffer of {} bytes: rank {q}'s output needs {} bytes, and peers store into \
                  every rank's buffer",
                 spec.collective,
-                r.bytes,
+                m.bytes,
                 spec.output_bytes(q)
             )));
         }
-        Ok(Some(r.addrs.clone()))
+        Ok(Some(m.addrs.clone()))
     }
 
     /// Allocates `len` elements of `T` on every rank at once (a collective call: every rank
     /// calls it, in the same order, with the same `len`) and maps every peer's, like NCCL's
     /// `ncclMemAlloc` + `ncclCommWindowRegister`. A collective whose output is such a buffer
     /// may store straight into the peers' outputs ([`crate::symmetric`]). The memory is
-    /// zeroed, and released with the communicator.
-    pub fn alloc_symmetric<T: NcclType>(&self, len: usize) -> Result<SymmetricBuffer<'_, T>, Error> {
+    /// zeroed, and released with the communicator (unless a buffer is still held then).
+    pub fn alloc_symmetric<T: NcclType>(&self, len: usize) -> Result<SymmetricBuffer<T>, Error> {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).filter(|&b| b > 0).ok_or_else(|| {
             Error::InvalidArgument(format!("a symmetric buffer of {len} elements of {} bytes", std::mem::size_of::<T>()))
         })?;
         let mut backend = IpcBackend::new(self.context().clone());
         let alloc = SymmetricAlloc::establish(&self.host, &mut backend, bytes, "symmetric buffer")?;
-        let addrs = alloc.addrs().to_vec();
+        let mem = Arc::new(SymmetricMem { bytes, addrs: alloc.addrs().to_vec(), rank: self.rank });
         let alloc = match &self.owner {
             Owner::Group(group) => {
-                group.symmetric.lock().unwrap_or_else(|e| e.into_inner()).push((alloc, backend));
+                group.symmetric.lock().unwrap_or_else(|e| e.into_inner()).push((alloc, backend, mem.clone()));
                 None
             }
             _ => Some((alloc, backend)),
         };
-        let base = addrs[self.rank];
-        self.symmetric.lock().unwrap_or_else(|e| e.into_inner()).push(SymmetricRecord { bytes, addrs, alloc });
-        Ok(SymmetricBuffer::new(self, base, len))
+        self.symmetric.lock().unwrap_or_else(|e| e.into_inner()).push(SymmetricRecord { mem: mem.clone(), alloc });
+        Ok(SymmetricBuffer::new(mem, self.stream.clone(), len))
     }
 
     /// [`Comm::alloc_symmetric`] on every communicator of a single-process group at once
     /// (one thread per rank), for the communicators of [`Comm::from_devices`].
-    pub fn alloc_symmetric_group<T: NcclType>(comms: &[Comm], len: usize) -> Result<Vec<SymmetricBuffer<'_, T>>, Error> {
+    pub fn alloc_symmetric_group<T: NcclType>(comms: &[Comm], len: usize) -> Result<Vec<SymmetricBuffer<T>>, Error> {
         std::thread::scope(|s| {
             let handles: Vec<_> = comms.iter().map(|c| s.spawn(move || c.alloc_symmetric::<T>(len))).collect();
             handles
@@ -1327,8 +1325,11 @@ impl Comm {
             Owner::Ipc(Some((ws, mut backend))) => {
                 // Symmetric buffers first, in allocation order (the same on every rank).
                 let mut leaked = 0;
-                for (alloc, mut b) in symmetric.into_iter().filter_map(|r| r.alloc) {
-                    leaked += alloc.release(&self.host, &mut b).leaked_bytes;
+                for r in symmetric {
+                    if let Some((alloc, mut b)) = r.alloc {
+                        // A buffer still held keeps its memory (reported as leaked).
+                        leaked += alloc.release(&self.host, &mut b, Arc::strong_count(&r.mem) > 1).leaked_bytes;
+                    }
                 }
                 let mut report = ws.release(&self.host, &mut backend);
                 report.leaked_bytes += leaked;
@@ -1340,6 +1341,8 @@ impl Comm {
                 TeardownReport { met_peers: false, ..TeardownReport::default() }
             }
             Owner::Group(group) => {
+                // This rank's records first: a buffer counts as held only by its handles.
+                drop(symmetric);
                 drop(group);
                 TeardownReport { met_peers: true, ..TeardownReport::default() }
             }

@@ -141,6 +141,22 @@ impl Comm {
         Ok(self.prepared(spec, in_place, false)?.plan.clone())
     }
 
+    /// The plan this rank runs for `spec` with `output` as its output buffer: one-copy when
+    /// `output` is a symmetric buffer of this communicator (resolved exactly as a call does).
+    /// Tests only.
+    #[doc(hidden)]
+    pub fn plan_for_output<R: cudarc::driver::DevicePtrMut<T>, T: crate::comm::NcclType>(
+        &self,
+        spec: CollectiveSpec,
+        in_place: bool,
+        output: &mut R,
+    ) -> Result<Plan, Error> {
+        spec.validate()?;
+        let (ptr, _record) = output.device_ptr_mut(&self.stream);
+        let peers = self.peer_outputs(&spec, ptr)?;
+        Ok(self.prepared(spec, in_place, peers.is_some())?.plan.clone())
+    }
+
     /// Enqueues one launch of the device executor running `plan` — as given: it is neither
     /// derived nor verified here — on this rank's stream, with the trace buffer on, reading
     /// `input` and writing `output`. Every rank of the communicator must launch a plan of the

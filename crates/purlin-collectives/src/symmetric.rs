@@ -2,77 +2,111 @@
 //! that every rank can address every peer's (NCCL's `ncclMemAlloc` + `ncclCommWindowRegister`
 //! with symmetric windows, PyTorch's symmetric memory).
 //!
-//! A collective whose output *is* a [`SymmetricBuffer`] (its base address, as passed by
-//! `&mut buffer`) may take the one-copy path: AllGather, AllToAll and their V forms store
-//! straight into the peers' outputs instead of staging every byte through the workspace
-//! (`purlin_snac` `PlanConfig::peer_outputs`). Every rank of such a call must pass a symmetric
-//! buffer as its output; a rank that passes other memory runs the staged plan, and the call
-//! ends in a device timeout on every rank (the one-copy plan's flags never meet the staged
-//! plan's), not in corrupted memory. Outputs that are other memory, or lie inside a symmetric
-//! buffer at another offset, take the staged path as before.
+//! A collective whose output *is* a [`SymmetricBuffer`] (starts at its base address) may take
+//! the one-copy path: AllGather, AllToAll and their V forms store straight into the peers'
+//! outputs instead of staging every byte through the workspace (`purlin_snac`
+//! `PlanConfig::peer_outputs`). Every rank of such a call must pass a symmetric buffer as its
+//! output; a rank that passes other memory runs the staged plan, and the call ends in a device
+//! timeout on every rank (the one-copy plan's flags never meet the staged plan's), not in
+//! corrupted memory. Outputs elsewhere, including inside a symmetric buffer at another offset,
+//! take the staged path as before.
 //!
-//! Purlin allocates the memory itself (`cuMemAlloc`, shared by CUDA IPC between processes,
-//! by address within one): cudarc's allocations come from a stream-ordered pool that legacy
-//! IPC cannot export. The memory lives as long as the communicator (it is released by the
-//! communicator's teardown, which meets the peers first), which the buffer's borrow of the
-//! communicator enforces.
+//! Purlin allocates the memory itself (`cuMemAlloc`, shared by CUDA IPC between processes, by
+//! address within one): cudarc's allocations come from a stream-ordered pool that legacy IPC
+//! cannot export. The memory is released by the communicator's teardown, which meets the peers
+//! first; a buffer still held then keeps its memory (reported as leaked bytes), so a handle
+//! never dangles.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys};
 
-use crate::comm::{Comm, NcclType};
+use crate::Error;
+use crate::comm::NcclType;
+
+/// One symmetric allocation as this rank sees it (shared by its buffers and the communicator).
+#[derive(Debug)]
+pub(crate) struct SymmetricMem {
+    /// Bytes per rank.
+    pub(crate) bytes: usize,
+    /// Every rank's base as mapped here (this rank's own at its index).
+    pub(crate) addrs: Vec<u64>,
+    pub(crate) rank: usize,
+}
 
 /// `len` elements of `T` on this rank's GPU, allocated by every rank of a communicator at
-/// once ([`Comm::alloc_symmetric`]) and addressable by every peer.
+/// once ([`crate::Comm::alloc_symmetric`]) and addressable by every peer.
 ///
 /// It implements cudarc's [`DevicePtr`] and [`DevicePtrMut`], so it goes wherever a
 /// `CudaSlice` does (`memcpy_htod`, `memcpy_dtoh`, kernel arguments, collectives). cudarc's
 /// event tracking does not cover it: order work on other streams than the communicator's
 /// yourself, as with any raw device memory.
 #[derive(Debug)]
-pub struct SymmetricBuffer<'c, T> {
-    comm: &'c Comm,
-    ptr: sys::CUdeviceptr,
+pub struct SymmetricBuffer<T> {
+    mem: Arc<SymmetricMem>,
+    stream: Arc<CudaStream>,
+    /// Elements the buffer shows (`DeviceSlice::len`).
     len: usize,
     /// Only a label: no `T` lives on the host, so the buffer is `Send` and `Sync` for any `T`.
     _elem: PhantomData<fn() -> T>,
 }
 
-impl<'c, T: NcclType> SymmetricBuffer<'c, T> {
-    pub(crate) fn new(comm: &'c Comm, ptr: sys::CUdeviceptr, len: usize) -> Self {
-        SymmetricBuffer { comm, ptr, len, _elem: PhantomData }
+impl<T: NcclType> SymmetricBuffer<T> {
+    pub(crate) fn new(mem: Arc<SymmetricMem>, stream: Arc<CudaStream>, len: usize) -> Self {
+        SymmetricBuffer { mem, stream, len, _elem: PhantomData }
     }
 
-    /// The communicator it belongs to.
-    pub fn comm(&self) -> &'c Comm {
-        self.comm
+    /// Elements of `T` the allocation holds (on every rank alike).
+    pub fn capacity(&self) -> usize {
+        self.mem.bytes / std::mem::size_of::<T>()
     }
 
-    /// This rank's device address.
+    /// Shows the first `len` elements only (at most [`Self::capacity`]): collectives check
+    /// buffer lengths exactly, and an AllToAllV's output differs from rank to rank while
+    /// every rank's allocation is the same size.
+    pub fn set_len(&mut self, len: usize) -> Result<(), Error> {
+        if len > self.capacity() {
+            return Err(Error::InvalidArgument(format!(
+                "{len} elements in a symmetric buffer of {}",
+                self.capacity()
+            )));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Another handle on the same memory as `len` elements of `U` from its start (like
+    /// cudarc's `transmute`): the same bytes, so writes through either are seen by both.
+    pub fn view_as<U: NcclType>(&self, len: usize) -> Result<SymmetricBuffer<U>, Error> {
+        let mut v = SymmetricBuffer::new(self.mem.clone(), self.stream.clone(), 0);
+        v.set_len(len)?;
+        Ok(v)
+    }
+
+    /// This rank's device address of the buffer.
     pub fn device_address(&self) -> sys::CUdeviceptr {
-        self.ptr
+        self.mem.addrs[self.mem.rank]
     }
 }
 
-impl<T> DeviceSlice<T> for SymmetricBuffer<'_, T> {
+impl<T> DeviceSlice<T> for SymmetricBuffer<T> {
     fn len(&self) -> usize {
         self.len
     }
     fn stream(&self) -> &Arc<CudaStream> {
-        &self.comm.stream
+        &self.stream
     }
 }
 
-impl<T> DevicePtr<T> for SymmetricBuffer<'_, T> {
+impl<T> DevicePtr<T> for SymmetricBuffer<T> {
     fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Record(None))
+        (self.mem.addrs[self.mem.rank], SyncOnDrop::Record(None))
     }
 }
 
-impl<T> DevicePtrMut<T> for SymmetricBuffer<'_, T> {
+impl<T> DevicePtrMut<T> for SymmetricBuffer<T> {
     fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Record(None))
+        (self.mem.addrs[self.mem.rank], SyncOnDrop::Record(None))
     }
 }

@@ -383,8 +383,12 @@ impl<B: SymmetricBackend> SymmetricAlloc<B> {
     }
 
     /// [`Self::discard`] for owners that know no kernel runs and no peer maps this memory
-    /// (a single process whose GPUs were all synchronised).
-    pub(crate) fn discard_now(mut self, backend: &mut B) {
+    /// (a single process whose GPUs were all synchronised); `keep_local`: unmap the peers but
+    /// leave this rank's memory allocated (a handle to it is still held).
+    pub(crate) fn discard_now(mut self, backend: &mut B, keep_local: bool) {
+        if keep_local {
+            std::mem::forget(self.local.take());
+        }
         self.discard(backend);
     }
 
@@ -399,7 +403,9 @@ impl<B: SymmetricBackend> SymmetricAlloc<B> {
     }
 
     /// The teardown protocol above. Call only after this rank's kernels have completed.
-    pub fn release(mut self, host: &HostComm, backend: &mut B) -> TeardownReport {
+    /// `keep_local`: leave this rank's memory allocated (a handle to it is still held; counted
+    /// in `leaked_bytes`).
+    pub fn release(mut self, host: &HostComm, backend: &mut B, keep_local: bool) -> TeardownReport {
         let mut report = TeardownReport::default();
         let first = host.barrier("teardown: device work done");
         // Closing a mapping never touches the peer's memory: always safe, even if it died.
@@ -420,7 +426,7 @@ impl<B: SymmetricBackend> SymmetricAlloc<B> {
             }
         };
         if let Some(l) = self.local.take() {
-            if free {
+            if free && !keep_local {
                 backend.free(l);
             } else {
                 report.leaked_bytes = self.bytes;
@@ -452,7 +458,7 @@ impl<B: SymmetricBackend> SymmetricWorkspace<B> {
 
     /// [`SymmetricAlloc::discard_now`].
     pub(crate) fn discard_now(self, backend: &mut B) {
-        self.alloc.discard_now(backend);
+        self.alloc.discard_now(backend, false);
     }
 
     /// The layout.
@@ -472,7 +478,7 @@ impl<B: SymmetricBackend> SymmetricWorkspace<B> {
 
     /// The teardown protocol above. Call only after this rank's kernels have completed.
     pub fn release(self, host: &HostComm, backend: &mut B) -> TeardownReport {
-        self.alloc.release(host, backend)
+        self.alloc.release(host, backend, false)
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use purlin_collectives::tuning::Tuning;
-use purlin_collectives::{Comm, CommConfig, ReduceOp};
+use purlin_collectives::{Comm, CommConfig, ReduceOp, SymmetricBuffer};
 use purlin_snac::{Regime, StagingSide};
 
 mod gpu_support;
@@ -133,13 +133,11 @@ fn v_counts(world: usize, n: usize) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// Runs one case on every rank; returns the number of wrong elements.
-fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &mut Rng) -> usize {
-    let world = comms.len();
-    let unsigned = T::NAME == "u8";
+/// Every rank's input and output length (elements) of a case.
+fn lengths(coll: Coll, world: usize, n: usize) -> (Vec<usize>, Vec<usize>) {
     let counts = v_counts(world, n);
     let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect(); // AllGatherV / ReduceScatterV counts
-    let (in_len, out_len): (Vec<usize>, Vec<usize>) = (0..world)
+    (0..world)
         .map(|r| match coll {
             Coll::AllReduce | Coll::AllReduceInPlace => (n, n),
             Coll::AllGather => (n, n * world),
@@ -149,14 +147,50 @@ fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &m
             Coll::ReduceScatterV => (per_rank.iter().sum(), per_rank[r]),
             Coll::AllToAllV => (counts[r].iter().sum(), (0..world).map(|s| counts[s][r]).sum()),
         })
-        .unzip();
-    // Beyond two ranks, ±1 and ±2 only: a product of 8 of them is a power of two up to 256,
-    // exact in bf16 (±3 and ±4 would not be), and sums stay small.
+        .unzip()
+}
+
+/// Fresh inputs of a case: small integers (beyond two ranks, ±1 and ±2 only: a product of 8
+/// of them is a power of two up to 256, exact in bf16, and sums stay small).
+fn case_inputs<T: Elem>(in_len: &[usize], rng: &mut Rng) -> Vec<Vec<T>> {
+    let (world, unsigned) = (in_len.len(), T::NAME == "u8");
     let value = |rng: &mut Rng| {
         let v = rng.small(unsigned);
         if world > 2 && !unsigned { v.signum() * (1 + (v.abs() - 1) % 2) } else { v }
     };
-    let inputs: Vec<Vec<T>> = (0..world).map(|r| (0..in_len[r]).map(|_| T::from_i64(value(rng))).collect()).collect();
+    in_len.iter().map(|&len| (0..len).map(|_| T::from_i64(value(rng))).collect()).collect()
+}
+
+/// What rank `r`'s output must hold, computed here from the inputs.
+fn expected<T: Elem>(coll: Coll, op: ReduceOp, inputs: &[Vec<T>], n: usize, r: usize) -> Vec<f64> {
+    let world = inputs.len();
+    let counts = v_counts(world, n);
+    let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect();
+    match coll {
+        Coll::AllReduce | Coll::AllReduceInPlace => (0..n).map(|i| reduce_ref(op, inputs, i, world)).collect(),
+        Coll::AllGather | Coll::AllGatherV => (0..world).flat_map(|p| inputs[p].iter().map(|x| x.to_f64())).collect(),
+        Coll::ReduceScatter => (0..n).map(|i| reduce_ref(op, inputs, r * n + i, world)).collect(),
+        Coll::AllToAll => (0..world).flat_map(|p| inputs[p][r * n..(r + 1) * n].iter().map(|x| x.to_f64())).collect(),
+        Coll::ReduceScatterV => {
+            let off: usize = per_rank[..r].iter().sum();
+            (0..per_rank[r]).map(|i| reduce_ref(op, inputs, off + i, world)).collect()
+        }
+        Coll::AllToAllV => (0..world)
+            .flat_map(|s| {
+                let off: usize = counts[s][..r].iter().sum();
+                inputs[s][off..off + counts[s][r]].iter().map(|x| x.to_f64())
+            })
+            .collect(),
+    }
+}
+
+/// Runs one case on every rank; returns the number of wrong elements.
+fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &mut Rng) -> usize {
+    let world = comms.len();
+    let counts = v_counts(world, n);
+    let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect(); // AllGatherV / ReduceScatterV counts
+    let (in_len, out_len) = lengths(coll, world, n);
+    let inputs: Vec<Vec<T>> = case_inputs(&in_len, rng);
     let mut sends: Vec<CudaSlice<T>> = Vec::new();
     let mut recvs: Vec<CudaSlice<T>> = Vec::new();
     for (r, c) in comms.iter().enumerate() {
@@ -183,25 +217,7 @@ fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &m
             .stream()
             .clone_dtoh(if coll == Coll::AllReduceInPlace { &sends[r] } else { &recvs[r] })
             .expect("download");
-        let expect: Vec<f64> = match coll {
-            Coll::AllReduce | Coll::AllReduceInPlace => (0..n).map(|i| reduce_ref(op, &inputs, i, world)).collect(),
-            Coll::AllGather => (0..world).flat_map(|p| inputs[p].iter().map(|x| x.to_f64())).collect(),
-            Coll::ReduceScatter => (0..n).map(|i| reduce_ref(op, &inputs, r * n + i, world)).collect(),
-            Coll::AllToAll => {
-                (0..world).flat_map(|p| inputs[p][r * n..(r + 1) * n].iter().map(|x| x.to_f64())).collect()
-            }
-            Coll::AllGatherV => (0..world).flat_map(|p| inputs[p].iter().map(|x| x.to_f64())).collect(),
-            Coll::ReduceScatterV => {
-                let off: usize = per_rank[..r].iter().sum();
-                (0..per_rank[r]).map(|i| reduce_ref(op, &inputs, off + i, world)).collect()
-            }
-            Coll::AllToAllV => (0..world)
-                .flat_map(|s| {
-                    let off: usize = counts[s][..r].iter().sum();
-                    inputs[s][off..off + counts[s][r]].iter().map(|x| x.to_f64())
-                })
-                .collect(),
-        };
+        let expect = expected(coll, op, &inputs, n, r);
         wrong += count_wrong(&got, &expect, &format!("{coll:?} {} {op:?} n={n} rank {r}", T::NAME));
     }
     wrong
@@ -374,5 +390,124 @@ fn in_place_gathers_and_scatters_match_the_reference() {
         }
     }
     println!("EXEC in place: {cases} cases on {} ranks, {wrong} wrong elements", g.streams.len());
+    assert_eq!(wrong, 0);
+}
+
+/// One copy collective into symmetric buffers on every rank (in place: the AllGather's input
+/// is the rank's part of the buffer). Counts in `one_copy` the calls whose plan stores into
+/// the peers' outputs, which every throughput call must; returns the wrong elements.
+fn run_symmetric(
+    comms: &[Comm],
+    bufs: &mut [SymmetricBuffer<f32>],
+    coll: Coll,
+    in_place: bool,
+    n: usize,
+    rng: &mut Rng,
+    one_copy: &mut usize,
+) -> usize {
+    use purlin_snac::{CollectiveSpec, DataType, Regime, Role, Space, Step};
+    let world = comms.len();
+    let counts = v_counts(world, n);
+    let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect();
+    let (in_len, out_len) = lengths(coll, world, n);
+    let inputs: Vec<Vec<f32>> = case_inputs(&in_len, rng);
+    let (w, u64s) = (world as u32, |v: &[usize]| v.iter().map(|&x| x as u64).collect::<Vec<_>>());
+    let spec = match coll {
+        Coll::AllGather => CollectiveSpec::all_gather(w, DataType::F32, n as u64),
+        Coll::AllToAll => CollectiveSpec::all_to_all(w, DataType::F32, n as u64),
+        Coll::AllGatherV => CollectiveSpec::all_gather_v(w, DataType::F32, u64s(&per_rank)),
+        Coll::AllToAllV => CollectiveSpec::all_to_all_v(w, DataType::F32, counts.iter().map(|c| u64s(c)).collect()),
+        other => panic!("{other:?} has no one-copy plan"),
+    };
+    let mut sends: Vec<CudaSlice<f32>> = Vec::new();
+    for (r, c) in comms.iter().enumerate() {
+        let s = c.stream();
+        bufs[r].set_len(out_len[r]).expect("fits the allocation");
+        let mut host = vec![f32::poison(); out_len[r]];
+        if in_place {
+            host[r * n..(r + 1) * n].copy_from_slice(&inputs[r]);
+        }
+        s.memcpy_htod(&host, &mut bufs[r]).expect("poison");
+        sends.push(s.clone_htod(&inputs[r]).expect("upload"));
+        let plan = c.plan_for_output(spec.clone(), in_place, &mut bufs[r]).expect("plan");
+        let stores_into_peers = plan.blocks.iter().all(|b| b.role == Role::Producer)
+            && plan.blocks.iter().flat_map(|b| &b.steps).any(|s| match s {
+                Step::ChunkLoop { body, .. } => body
+                    .iter()
+                    .any(|s| matches!(s, Step::Gather { dst, .. } if matches!(dst.space, Space::PeerOutput(_)))),
+                _ => false,
+            });
+        assert_eq!(stores_into_peers, plan.regime == Regime::Throughput, "{coll:?} n={n}: {:?}", plan.regime);
+        *one_copy += usize::from(stores_into_peers);
+    }
+    for (r, c) in comms.iter().enumerate() {
+        let res = match (coll, in_place) {
+            (Coll::AllGather, true) => c.all_gather_in_place(&mut bufs[r]),
+            (Coll::AllGather, false) => c.all_gather(&sends[r], &mut bufs[r]),
+            (Coll::AllToAll, _) => c.all_to_all(&sends[r], &mut bufs[r]),
+            (Coll::AllGatherV, _) => c.all_gather_v(&sends[r], &mut bufs[r], &per_rank),
+            (Coll::AllToAllV, _) => c.all_to_all_v(&sends[r], &mut bufs[r], &counts),
+            (other, _) => panic!("{other:?}"),
+        };
+        res.unwrap_or_else(|e| panic!("symmetric {coll:?} in place {in_place} n={n} rank {r}: {e}"));
+    }
+    let mut wrong = 0;
+    for (r, c) in comms.iter().enumerate() {
+        let mut got = vec![0f32; out_len[r]];
+        c.stream().memcpy_dtoh(&bufs[r], &mut got).expect("download");
+        c.stream().synchronize().expect("sync");
+        let expect = expected(coll, ReduceOp::Sum, &inputs, n, r);
+        wrong += count_wrong(&got, &expect, &format!("symmetric {coll:?} in place {in_place} n={n} rank {r}"));
+    }
+    wrong
+}
+
+/// Outputs in symmetric buffers ([`Comm::alloc_symmetric_group`]): AllGather (also in
+/// place), AllToAll and their V forms take the one-copy plan wherever they are staged (the
+/// plan is checked) and match the reference, under the default tuning and a 5-block cap;
+/// the same buffers work as plain memory below that size; an output the peers' buffers
+/// cannot hold is a typed error.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+fn symmetric_outputs_take_one_copy_and_match_the_reference() {
+    let Some(g) = gpus() else { panic!("needs 2 GPUs") };
+    let mut rng = Rng(0x5eed_0c0e);
+    let (mut cases, mut wrong, mut one_copy) = (0, 0, 0);
+    let sizes = [1, 4099, 300_001, 3 << 20];
+    for max_blocks in [None, Some(5)] {
+        let mut cfg = config(None, StagingSide::Peer);
+        cfg.tuning.max_blocks = max_blocks;
+        let comms = Comm::from_devices_with_config(g.streams.clone(), cfg).expect("set-up");
+        let world = comms.len();
+        let capacity = world * (3 << 20);
+        let mut bufs = Comm::alloc_symmetric_group::<f32>(&comms, capacity).expect("symmetric buffers");
+        for n in sizes {
+            for (coll, in_place) in [
+                (Coll::AllGather, false),
+                (Coll::AllGather, true),
+                (Coll::AllToAll, false),
+                (Coll::AllGatherV, false),
+                (Coll::AllToAllV, false),
+            ] {
+                wrong += run_symmetric(&comms, &mut bufs, coll, in_place, n, &mut rng, &mut one_copy);
+                cases += 1;
+            }
+        }
+        // A V output the peers' buffers cannot hold: rank 1 gathers more than they have.
+        let big = vec![capacity as u64, 1];
+        let spec = purlin_snac::CollectiveSpec::all_gather_v(2, purlin_snac::DataType::F32, big);
+        if world == 2 {
+            let err = comms[0].plan_for_output(spec, false, &mut bufs[0]).expect_err("too large for the peers");
+            assert!(err.to_string().contains("symmetric buffer"), "{err}");
+        }
+        for c in &comms {
+            c.async_error().expect("no device error");
+        }
+    }
+    println!(
+        "EXEC symmetric: {cases} cases on {} ranks, {one_copy} one-copy plans, {wrong} wrong elements",
+        g.streams.len()
+    );
+    assert!(one_copy >= 2 * 5 * g.streams.len(), "the throughput sizes ran one-copy");
     assert_eq!(wrong, 0);
 }
