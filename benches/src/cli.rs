@@ -79,6 +79,10 @@ usage: purlin-bench [options]          one process, one thread per GPU
                      columns): AllReduce on one buffer, AllGather with the rank's
                      part already in the output, ReduceScatter into the rank's part
                      of the input; AllToAll and the V forms: unsupported
+  --symmetric        Purlin's receive buffers are symmetric memory
+                     (Comm::alloc_symmetric): staged AllGather, AllToAll and V
+                     forms store straight into the peers' outputs (one copy), as
+                     NCCL's symmetric baseline uses registered windows
   --backends LIST    purlin,nccl,nccl-symm | all                       [all]
   --timeout SECS     bound on every wait (a stuck peer stops the run)  [120]
   --seed N           input seed                                        [1]
@@ -115,6 +119,7 @@ fn default_config() -> Config {
         blocks: None,
         skew: 1.0,
         in_place: false,
+        symmetric: false,
         backends: BackendKind::ALL.to_vec(),
         timeout_s: 120.0,
         seed: 1,
@@ -212,6 +217,10 @@ pub fn parse(args: &[String]) -> Result<Args> {
         }
         if flag == "--in-place" {
             a.config.in_place = true;
+            continue;
+        }
+        if flag == "--symmetric" {
+            a.config.symmetric = true;
             continue;
         }
         if flag == "--help" || flag == "-h" {

@@ -6,14 +6,16 @@
 //! 0, passed through the ranks' shared block.
 //!
 //! Buffers are `CudaSlice<u8>` on the rank's stream, viewed as the case's element type per
-//! call. Collectives the API does not have yet (all-to-all and the V forms) are reported as
+//! call; with `--symmetric` the receive buffer is a `SymmetricBuffer<u8>` (allocated by every
+//! rank together), viewed the same way. Collectives the API does not have yet (all-to-all and the V forms) are reported as
 //! not implemented; calls that return "not implemented yet" are reported so, never timed.
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
-use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut};
+use purlin_collectives::comm::NcclType;
+use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp, SymmetricBuffer};
 
 use crate::backend::{Backend, BackendKind, CallError};
 use crate::coord::Coord;
@@ -64,22 +66,31 @@ pub fn comm_for_process(gpu: &Gpu, coord: &Coord, cfg: &Config) -> Result<Comm> 
 /// One rank's Purlin backend.
 #[derive(Debug)]
 pub struct Purlin {
+    /// The symmetric receive buffer (`--symmetric`), dropped before the communicator.
+    symmetric: Option<SymmetricBuffer<u8>>,
     comm: Comm,
     send: CudaSlice<u8>,
     recv: CudaSlice<u8>,
 }
 
 impl Purlin {
-    /// Wraps a communicator and allocates the buffers.
-    pub fn new(gpu: &Gpu, comm: Comm, send_bytes: usize, recv_bytes: usize) -> Result<Purlin> {
+    /// Wraps a communicator and allocates the buffers; `symmetric`: the receive buffer is
+    /// symmetric memory (every rank makes its backend at the same point, so the collective
+    /// allocation meets).
+    pub fn new(gpu: &Gpu, comm: Comm, send_bytes: usize, recv_bytes: usize, symmetric: bool) -> Result<Purlin> {
         gpu.bind()?;
         // SAFETY: u8 has no invalid bit patterns; the runner writes the send buffer before use
         // and poisons the receive buffer before every checked call.
         let send = unsafe { gpu.stream.alloc::<u8>(send_bytes.max(256)) }.context("allocate purlin's send buffer")?;
+        let plain_recv = if symmetric { 256 } else { recv_bytes.max(256) };
         // SAFETY: as above.
-        let recv = unsafe { gpu.stream.alloc::<u8>(recv_bytes.max(256)) }.context("allocate purlin's recv buffer")?;
+        let recv = unsafe { gpu.stream.alloc::<u8>(plain_recv) }.context("allocate purlin's recv buffer")?;
+        let symmetric = match symmetric {
+            true => Some(comm.alloc_symmetric::<u8>(recv_bytes.max(256)).map_err(|e| anyhow!("alloc_symmetric: {e}"))?),
+            false => None,
+        };
         gpu.stream.synchronize().context("synchronize after allocating")?;
-        Ok(Purlin { comm, send, recv })
+        Ok(Purlin { symmetric, comm, send, recv })
     }
 }
 
@@ -108,44 +119,58 @@ fn ptr_of(s: &CudaSlice<u8>) -> u64 {
     p
 }
 
-/// Typed views of the byte buffers, `n_send`/`n_recv` elements of `T`.
-fn call_typed<T: purlin_collectives::comm::NcclType + cudarc::driver::DeviceRepr>(
+/// Typed views of the byte buffers, `n_send`/`n_recv` elements of `T` (the receive buffer:
+/// the symmetric one where there is one).
+fn call_typed<T: NcclType + cudarc::driver::DeviceRepr>(
     comm: &Comm,
     send: &CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
+    symmetric: Option<&SymmetricBuffer<u8>>,
     case: &Case,
 ) -> Result<(), CallError> {
     let r = comm.rank();
-    if let Some(layout) = case.in_place_layout(r) {
-        // SAFETY: the receive buffer was sized for the sweep's largest in-place buffer
-        // (Config::buffer_bytes); T is a plain element type.
-        let mut b: CudaViewMut<'_, T> = unsafe { recv.transmute_mut::<T>(layout.len) }
-            .ok_or_else(|| CallError::Failed("receive buffer too small".into()))?;
+    let n_recv = case.in_place_layout(r).map_or(case.out_count(r), |l| l.len);
+    let too_small = || CallError::Failed("receive buffer too small".into());
+    if let Some(sym) = symmetric {
+        let mut d: SymmetricBuffer<T> = sym.view_as::<T>(n_recv).map_err(|_| too_small())?;
+        return call_into(comm, send, &mut d, case);
+    }
+    // SAFETY: the receive buffer was sized for the sweep's largest case in bytes (in place:
+    // its largest in-place buffer, Config::buffer_bytes); T is a plain element type for
+    // which every bit pattern is a value.
+    let mut d: CudaViewMut<'_, T> = unsafe { recv.transmute_mut::<T>(n_recv) }.ok_or_else(too_small)?;
+    call_into(comm, send, &mut d, case)
+}
+
+/// One call of `case` on `send` (viewed as `T`) into `recv`.
+fn call_into<T: NcclType + cudarc::driver::DeviceRepr, R: DevicePtrMut<T>>(
+    comm: &Comm,
+    send: &CudaSlice<u8>,
+    d: &mut R,
+    case: &Case,
+) -> Result<(), CallError> {
+    if case.in_place_layout(comm.rank()).is_some() {
         let res = match case.collective {
-            Collective::AllReduce => comm.all_reduce_in_place(&mut b, &op(case.op)),
-            Collective::AllGather => comm.all_gather_in_place(&mut b),
-            Collective::ReduceScatter => comm.reduce_scatter_in_place(&mut b, &op(case.op)),
+            Collective::AllReduce => comm.all_reduce_in_place(d, &op(case.op)),
+            Collective::AllGather => comm.all_gather_in_place(d),
+            Collective::ReduceScatter => comm.reduce_scatter_in_place(d, &op(case.op)),
             other => return Err(CallError::Unsupported(format!("{other} has no in-place form"))),
         };
         return res.map(drop).map_err(map_err);
     }
-    let (n_send, n_recv) = (case.in_count(r), case.out_count(r));
-    // SAFETY: the buffers were sized for the sweep's largest case in bytes; n × size_of::<T>
+    // SAFETY: the send buffer was sized for the sweep's largest case in bytes; n × size_of::<T>
     // fits; T is a plain element type for which every bit pattern is a value.
-    let s: CudaView<'_, T> =
-        unsafe { send.transmute::<T>(n_send) }.ok_or_else(|| CallError::Failed("send buffer too small".into()))?;
-    // SAFETY: as above.
-    let mut d: CudaViewMut<'_, T> = unsafe { recv.transmute_mut::<T>(n_recv) }
-        .ok_or_else(|| CallError::Failed("receive buffer too small".into()))?;
+    let s: CudaView<'_, T> = unsafe { send.transmute::<T>(case.in_count(comm.rank())) }
+        .ok_or_else(|| CallError::Failed("send buffer too small".into()))?;
     let res = match case.collective {
-        Collective::AllReduce => comm.all_reduce(&s, &mut d, &op(case.op)),
-        Collective::AllGather => comm.all_gather(&s, &mut d),
-        Collective::ReduceScatter => comm.reduce_scatter(&s, &mut d, &op(case.op)),
-        Collective::AllToAll => comm.all_to_all(&s, &mut d),
+        Collective::AllReduce => comm.all_reduce(&s, d, &op(case.op)),
+        Collective::AllGather => comm.all_gather(&s, d),
+        Collective::ReduceScatter => comm.reduce_scatter(&s, d, &op(case.op)),
+        Collective::AllToAll => comm.all_to_all(&s, d),
         // The V forms' matrix: m[0][p] = partition p (AG-V / RS-V), m[p][q] = pair p→q (A2A-V).
-        Collective::AllGatherV => comm.all_gather_v(&s, &mut d, &case.matrix[0]),
-        Collective::ReduceScatterV => comm.reduce_scatter_v(&s, &mut d, &case.matrix[0], &op(case.op)),
-        Collective::AllToAllV => comm.all_to_all_v(&s, &mut d, &case.matrix),
+        Collective::AllGatherV => comm.all_gather_v(&s, d, &case.matrix[0]),
+        Collective::ReduceScatterV => comm.reduce_scatter_v(&s, d, &case.matrix[0], &op(case.op)),
+        Collective::AllToAllV => comm.all_to_all_v(&s, d, &case.matrix),
     };
     res.map(drop).map_err(map_err)
 }
@@ -160,7 +185,7 @@ impl Backend for Purlin {
     }
 
     fn recv_ptr(&self) -> u64 {
-        ptr_of(&self.recv)
+        self.symmetric.as_ref().map_or_else(|| ptr_of(&self.recv), SymmetricBuffer::device_address)
     }
 
     /// Every collective and dtype is accepted here; what the GPU cannot do (e.g. reductions
@@ -170,18 +195,18 @@ impl Backend for Purlin {
     }
 
     fn enqueue(&mut self, case: &Case) -> Result<(), CallError> {
-        let (c, s, d) = (&self.comm, &self.send, &mut self.recv);
+        let (c, s, d, m) = (&self.comm, &self.send, &mut self.recv, self.symmetric.as_ref());
         match case.dtype {
-            Dtype::F32 => call_typed::<f32>(c, s, d, case),
-            Dtype::F16 => call_typed::<half::f16>(c, s, d, case),
-            Dtype::Bf16 => call_typed::<half::bf16>(c, s, d, case),
-            Dtype::F64 => call_typed::<f64>(c, s, d, case),
-            Dtype::I8 => call_typed::<i8>(c, s, d, case),
-            Dtype::U8 => call_typed::<u8>(c, s, d, case),
-            Dtype::I32 => call_typed::<i32>(c, s, d, case),
-            Dtype::U32 => call_typed::<u32>(c, s, d, case),
-            Dtype::I64 => call_typed::<i64>(c, s, d, case),
-            Dtype::U64 => call_typed::<u64>(c, s, d, case),
+            Dtype::F32 => call_typed::<f32>(c, s, d, m, case),
+            Dtype::F16 => call_typed::<half::f16>(c, s, d, m, case),
+            Dtype::Bf16 => call_typed::<half::bf16>(c, s, d, m, case),
+            Dtype::F64 => call_typed::<f64>(c, s, d, m, case),
+            Dtype::I8 => call_typed::<i8>(c, s, d, m, case),
+            Dtype::U8 => call_typed::<u8>(c, s, d, m, case),
+            Dtype::I32 => call_typed::<i32>(c, s, d, m, case),
+            Dtype::U32 => call_typed::<u32>(c, s, d, m, case),
+            Dtype::I64 => call_typed::<i64>(c, s, d, m, case),
+            Dtype::U64 => call_typed::<u64>(c, s, d, m, case),
         }
     }
 

@@ -191,7 +191,12 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
             "# {collective}  {}  {}  {mode}{}  (size = {}){}",
             first.dtype,
             first.op.map_or("none", |o| o.name()),
-            if first.in_place { "  in place" } else { "" },
+            match (first.in_place, first.symmetric) {
+                (true, true) => "  in place, purlin outputs symmetric",
+                (true, false) => "  in place",
+                (false, true) => "  purlin outputs symmetric",
+                (false, false) => "",
+            },
             collective.bytes_meaning(),
             if first.executor == Executor::Host { format!("  [{}]", Executor::Host.label()) } else { String::new() }
         );
@@ -298,7 +303,12 @@ pub fn csv(rows: &[Row], meta: &Meta) -> String {
                 ss,
                 r.executor.label(),
                 blocks,
-                if r.in_place { "in-place" } else { "out-of-place" },
+                match (r.in_place, r.symmetric) {
+                    (true, true) => "in-place symmetric",
+                    (true, false) => "in-place",
+                    (false, true) => "out-of-place symmetric",
+                    (false, false) => "out-of-place",
+                },
                 reason
             );
         }
@@ -392,6 +402,7 @@ pub(crate) mod tests {
                 world: 2,
                 executor: Executor::Gpu,
                 in_place: false,
+                symmetric: false,
                 cells: vec![
                     cell(BackendKind::Purlin, t_purlin, if i == 2 { 3 } else { 0 }),
                     cell(BackendKind::Nccl, t_nccl, 0),
@@ -409,6 +420,7 @@ pub(crate) mod tests {
             world: 2,
             executor: Executor::Gpu,
             in_place: true,
+            symmetric: false,
             cells: vec![
                 Cell::status(BackendKind::Purlin, Status::NotImplemented("no all_to_all yet".into())),
                 Cell { time_us: Some(20.0), ..Cell::status(BackendKind::Nccl, Status::Ok) },

@@ -80,6 +80,9 @@ pub struct Config {
     /// Every call in place (NCCL's convention; AllToAll and the V forms have no in-place
     /// form and are reported unsupported).
     pub in_place: bool,
+    /// Purlin's receive buffers are symmetric memory (`Comm::alloc_symmetric`), so staged copy
+    /// collectives take the one-copy path.
+    pub symmetric: bool,
     /// Backends, in column order.
     pub backends: Vec<BackendKind>,
     /// Bound on every wait (stream, barrier), seconds.
@@ -193,6 +196,8 @@ pub struct Row {
     pub executor: Executor,
     /// In place (NCCL's convention), or out of place.
     pub in_place: bool,
+    /// Purlin's outputs were symmetric memory (`--symmetric`).
+    pub symmetric: bool,
     /// One cell per backend, in column order.
     pub cells: Vec<Cell>,
 }
@@ -351,7 +356,7 @@ fn open_backends(
                     PurlinComm::PerProcess => crate::purlin::comm_for_process(gpu, coord, cfg),
                     PurlinComm::None => Err(anyhow!("no communicator was made")),
                 };
-                let b = comm.and_then(|c| crate::purlin::Purlin::new(gpu, c, send_bytes, recv_bytes));
+                let b = comm.and_then(|c| crate::purlin::Purlin::new(gpu, c, send_bytes, recv_bytes, cfg.symmetric));
                 agree(coord, b)?.map(|b| Box::new(b) as Box<dyn Backend>).map_err(Status::Unavailable)
             }
             BackendKind::Nccl | BackendKind::NcclSymm => {
@@ -420,6 +425,7 @@ fn sweep(
                     world,
                     executor: cfg.executor,
                     in_place: case.in_place,
+                    symmetric: cfg.symmetric,
                     cells: Vec::new(),
                 })
                 .collect();

@@ -34,8 +34,8 @@ use crate::error::{Error, driver};
 use crate::exec_device::{DeviceExecutor, ExecParams, ExecRuntime};
 use crate::host::{DEFAULT_TIMEOUT, HostComm};
 use crate::id::{Id, TorchEnv};
-use crate::tuning::{PlanLimits, Tuning};
 use crate::symmetric::{SymmetricBuffer, SymmetricMem};
+use crate::tuning::{PlanLimits, Tuning};
 use crate::workspace::{
     FLAG_SLOTS, SymmetricAlloc, SymmetricWorkspace, TeardownReport, WorkspaceConfig, WorkspaceLayout,
 };
@@ -276,8 +276,12 @@ impl std::fmt::Debug for Owner {
 /// symmetric buffer the group's communicators allocated.
 struct GroupOwner {
     parts: Mutex<Vec<GroupPart>>,
-    symmetric: Mutex<Vec<(SymmetricAlloc<IpcBackend>, IpcBackend, Arc<SymmetricMem>)>>,
+    symmetric: Mutex<Vec<GroupSymmetric>>,
 }
+
+/// A symmetric buffer of a single-process group: its allocation, and the memory its handles
+/// share (still held at the group's end: kept allocated).
+type GroupSymmetric = (SymmetricAlloc<IpcBackend>, IpcBackend, Arc<SymmetricMem>);
 
 /// One rank's share of a single-process group.
 type GroupPart = (SymmetricWorkspace<PeerBackend>, PeerBackend, Arc<CudaStream>);
@@ -291,7 +295,8 @@ impl Drop for GroupOwner {
         for (ws, mut backend, _) in parts {
             ws.discard_now(&mut backend);
         }
-        for (alloc, mut backend, mem) in std::mem::take(&mut *self.symmetric.lock().unwrap_or_else(|e| e.into_inner())) {
+        for (alloc, mut backend, mem) in std::mem::take(&mut *self.symmetric.lock().unwrap_or_else(|e| e.into_inner()))
+        {
             // A buffer still held keeps its memory (its peers' mappings are never used again).
             alloc.discard_now(&mut backend, Arc::strong_count(&mem) > 1);
         }
@@ -1119,7 +1124,10 @@ impl Comm {
     /// zeroed, and released with the communicator (unless a buffer is still held then).
     pub fn alloc_symmetric<T: NcclType>(&self, len: usize) -> Result<SymmetricBuffer<T>, Error> {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).filter(|&b| b > 0).ok_or_else(|| {
-            Error::InvalidArgument(format!("a symmetric buffer of {len} elements of {} bytes", std::mem::size_of::<T>()))
+            Error::InvalidArgument(format!(
+                "a symmetric buffer of {len} elements of {} bytes",
+                std::mem::size_of::<T>()
+            ))
         })?;
         let mut backend = IpcBackend::new(self.context().clone());
         let alloc = SymmetricAlloc::establish(&self.host, &mut backend, bytes, "symmetric buffer")?;
@@ -1165,7 +1173,9 @@ impl Comm {
         let (ptr, _record) = buff.device_ptr_mut(&self.stream);
         // AllGather in place: the output is the whole buffer, so one copy applies as out of place.
         let peers = match spec.collective {
-            purlin_snac::Collective::AllGather | purlin_snac::Collective::AllGatherV => self.peer_outputs(&spec, ptr)?,
+            purlin_snac::Collective::AllGather | purlin_snac::Collective::AllGatherV => {
+                self.peer_outputs(&spec, ptr)?
+            }
             _ => None,
         };
         let prepared = self.prepared(spec, true, peers.is_some())?;

@@ -482,9 +482,7 @@ impl CpuComm {
         }
 
         let buffers = match bufs {
-            Bufs::Separate(s, r) => {
-                CallBuffers::new(s.as_ptr(), s.len(), r.as_mut_ptr(), r.len())
-            }
+            Bufs::Separate(s, r) => CallBuffers::new(s.as_ptr(), s.len(), r.as_mut_ptr(), r.len()),
             Bufs::InPlace(b) => {
                 let len = b.len();
                 let base = b.as_mut_ptr();
@@ -502,9 +500,7 @@ impl CpuComm {
                 }
                 // SAFETY: both offsets plus lengths were checked to lie inside `b`; both
                 // pointers derive from the one unique borrow `b`, which outlives the call.
-                unsafe {
-                    CallBuffers::new(base.add(ioff), ilen, base.add(ooff), olen)
-                }
+                unsafe { CallBuffers::new(base.add(ioff), ilen, base.add(ooff), olen) }
             }
         };
         sh.world.execute(&plan, buffers, false)?;

@@ -67,10 +67,7 @@ impl<T: NcclType> SymmetricBuffer<T> {
     /// every rank's allocation is the same size.
     pub fn set_len(&mut self, len: usize) -> Result<(), Error> {
         if len > self.capacity() {
-            return Err(Error::InvalidArgument(format!(
-                "{len} elements in a symmetric buffer of {}",
-                self.capacity()
-            )));
+            return Err(Error::InvalidArgument(format!("{len} elements in a symmetric buffer of {}", self.capacity())));
         }
         self.len = len;
         Ok(())

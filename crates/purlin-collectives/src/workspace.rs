@@ -332,7 +332,8 @@ impl<B: SymmetricBackend> SymmetricAlloc<B> {
                 return Err(e);
             }
         };
-        let mut a = Self { bytes, rank, remotes: (0..world).map(|_| None).collect(), addrs: vec![0; world], local: None };
+        let mut a =
+            Self { bytes, rank, remotes: (0..world).map(|_| None).collect(), addrs: vec![0; world], local: None };
         a.addrs[rank] = backend.local_addr(&local);
         a.local = Some(local);
         let mut failure = None;

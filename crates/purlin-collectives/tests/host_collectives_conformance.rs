@@ -182,7 +182,11 @@ fn one_copy_plans_move_every_byte_once() {
         let specs = [
             CollectiveSpec::all_gather(world, DataType::U8, 3000),
             CollectiveSpec::all_to_all(world, DataType::U8, 1100),
-            CollectiveSpec::all_gather_v(world, DataType::U8, (0..w as u64).map(|r| [2500, 0, 77, 1024][r as usize]).collect()),
+            CollectiveSpec::all_gather_v(
+                world,
+                DataType::U8,
+                (0..w as u64).map(|r| [2500, 0, 77, 1024][r as usize]).collect(),
+            ),
             CollectiveSpec::all_to_all_v(
                 world,
                 DataType::U8,
@@ -215,7 +219,8 @@ fn one_copy_plans_move_every_byte_once() {
                 assert_eq!(outputs, want, "{:?} w{world} call {k}", spec.collective);
             }
             let mut shifted = derive(&spec, &one_copy).expect("derive");
-            let is_peer_store = |s: &Step| matches!(s, Step::Gather { dst, .. } if matches!(dst.space, Space::PeerOutput(_)));
+            let is_peer_store =
+                |s: &Step| matches!(s, Step::Gather { dst, .. } if matches!(dst.space, Space::PeerOutput(_)));
             assert!(shifted.iter_mut().any(|p| shift_first(p, is_peer_store)), "no peer-output store to shift");
             let mut outputs: Vec<Vec<u8>> = want.iter().map(|o| vec![0xA5; o.len()]).collect();
             let ran = execute_on_host(&host, &shifted, &x, &mut outputs, false);

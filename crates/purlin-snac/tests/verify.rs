@@ -483,10 +483,7 @@ fn one_copy_calls() {
                     let cfg = PlanConfig { peer_outputs: true, ..staged };
                     let spec = spec_of(c, world, DataType::U8, 70 * blocks as u64, vec![70, 0, 33, 5, 0, 64, 9, 1, 2]);
                     let p = plans(&spec, &cfg);
-                    assert!(
-                        p.iter().flat_map(|p| &p.blocks).all(|b| b.role == Role::Producer),
-                        "{c:?}: not one-copy"
-                    );
+                    assert!(p.iter().flat_map(|p| &p.blocks).all(|b| b.role == Role::Producer), "{c:?}: not one-copy");
                     let what = format!("one-copy {c:?} w{world} {blocks} blocks in place {in_place}");
                     must_verify(&[p.clone(), p.clone(), p.clone()], &what);
                     let s = plans(&spec, &staged);

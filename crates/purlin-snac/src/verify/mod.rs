@@ -1466,7 +1466,10 @@ impl<'a> Model<'a> {
             }
             Step::Signal { notify, .. } => {
                 let snap = st.vc[pid].clone();
-                st.flags[notify.peer as usize].entry(notify.flag.at(c)).or_default().push((eval(&notify.value, e, c), snap));
+                st.flags[notify.peer as usize]
+                    .entry(notify.flag.at(c))
+                    .or_default()
+                    .push((eval(&notify.value, e, c), snap));
             }
             Step::Wait { flag, value, .. } => {
                 let v = eval(value, e, c);
@@ -1490,7 +1493,10 @@ impl<'a> Model<'a> {
                     let snap = std::mem::replace(&mut ctr.1, Rc::new(vec![0; self.nclock]));
                     ctr.0 = 0;
                     for n in then {
-                        st.flags[n.peer as usize].entry(n.flag.at(c)).or_default().push((eval(&n.value, e, c), snap.clone()));
+                        st.flags[n.peer as usize]
+                            .entry(n.flag.at(c))
+                            .or_default()
+                            .push((eval(&n.value, e, c), snap.clone()));
                     }
                     trace.push(Ev::Notifies(then.len() as u32));
                 }

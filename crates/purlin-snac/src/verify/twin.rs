@@ -274,9 +274,7 @@ pub fn twin(calls: &[Vec<Plan>], sense: &[u64]) -> Twin {
                 };
                 tw.skip.push(
                     (0..plans.len() as u32)
-                        .map(|r| {
-                            minus(&writes(&mut plans.iter(), r), &writes(&mut ts.iter().map(|(q, _)| q), r))
-                        })
+                        .map(|r| minus(&writes(&mut plans.iter(), r), &writes(&mut ts.iter().map(|(q, _)| q), r)))
                         .collect(),
                 );
                 tw.calls.push(ts.into_iter().map(|(p, _)| p).collect());
