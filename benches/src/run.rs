@@ -425,7 +425,7 @@ fn sweep(
                     world,
                     executor: cfg.executor,
                     in_place: case.in_place,
-                    symmetric: cfg.symmetric,
+                    symmetric: cfg.symmetric && cfg.executor == Executor::Gpu,
                     cells: Vec::new(),
                 })
                 .collect();

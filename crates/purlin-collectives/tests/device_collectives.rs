@@ -420,6 +420,7 @@ fn run_symmetric(
         other => panic!("{other:?} has no one-copy plan"),
     };
     let mut sends: Vec<CudaSlice<f32>> = Vec::new();
+    let (mut latency_ranks, mut peer_stores) = (0, 0);
     for (r, c) in comms.iter().enumerate() {
         let s = c.stream();
         bufs[r].set_len(out_len[r]).expect("fits the allocation");
@@ -429,17 +430,24 @@ fn run_symmetric(
         }
         s.memcpy_htod(&host, &mut bufs[r]).expect("poison");
         sends.push(s.clone_htod(&inputs[r]).expect("upload"));
+        // One-copy plans have writers only (staged ones always have readers); a rank whose
+        // V partitions for its peers are all empty stores into none of them.
         let plan = c.plan_for_output(spec.clone(), in_place, &mut bufs[r]).expect("plan");
-        let stores_into_peers = plan.blocks.iter().all(|b| b.role == Role::Producer)
-            && plan.blocks.iter().flat_map(|b| &b.steps).any(|s| match s {
-                Step::ChunkLoop { body, .. } => body
-                    .iter()
-                    .any(|s| matches!(s, Step::Gather { dst, .. } if matches!(dst.space, Space::PeerOutput(_)))),
-                _ => false,
-            });
-        assert_eq!(stores_into_peers, plan.regime == Regime::Throughput, "{coll:?} n={n}: {:?}", plan.regime);
-        *one_copy += usize::from(stores_into_peers);
+        let writers_only = plan.blocks.iter().all(|b| b.role == Role::Producer);
+        peer_stores += plan.blocks.iter().flat_map(|b| &b.steps).any(|s| match s {
+            Step::ChunkLoop { body, .. } => {
+                body.iter().any(|s| matches!(s, Step::Gather { dst, .. } if matches!(dst.space, Space::PeerOutput(_))))
+            }
+            _ => false,
+        }) as usize;
+        if plan.regime == Regime::Throughput {
+            assert!(writers_only, "{coll:?} n={n}: a staged plan into a symmetric output");
+            *one_copy += 1;
+        } else {
+            latency_ranks += 1;
+        }
     }
+    assert!(latency_ranks == world || peer_stores > 0, "{coll:?} n={n}: one-copy plans that store into no peer");
     for (r, c) in comms.iter().enumerate() {
         let res = match (coll, in_place) {
             (Coll::AllGather, true) => c.all_gather_in_place(&mut bufs[r]),
