@@ -1171,11 +1171,10 @@ impl Comm {
         self.check_device(buff)?;
         let bytes = (buff.len() * std::mem::size_of::<T>()) as u64;
         let (ptr, _record) = buff.device_ptr_mut(&self.stream);
-        // AllGather in place: the output is the whole buffer, so one copy applies as out of place.
+        // AllGather and AllReduce in place: the output is the whole buffer, so a symmetric one
+        // takes the one-copy path (a ReduceScatter's output is a part of it: staged).
         let peers = match spec.collective {
-            purlin_snac::Collective::AllGather | purlin_snac::Collective::AllGatherV => {
-                self.peer_outputs(&spec, ptr)?
-            }
+            purlin_snac::Collective::AllGather | purlin_snac::Collective::AllReduce => self.peer_outputs(&spec, ptr)?,
             _ => None,
         };
         let prepared = self.prepared(spec, true, peers.is_some())?;

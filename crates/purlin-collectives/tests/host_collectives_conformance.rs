@@ -229,3 +229,60 @@ fn one_copy_plans_move_every_byte_once() {
         }
     }
 }
+
+/// The AllReduce in place on symmetric buffers (two-shot, one copy: each rank reduces its
+/// shard from every rank's buffer and stores it into every peer's) on the host executor,
+/// worlds 2-4, three calls back to back, against sums computed here.
+#[test]
+fn one_copy_all_reduce_in_place_sums_every_buffer() {
+    use purlin_collectives::host_exec::CallBuffers;
+    use purlin_snac::ReduceOp;
+    for world in 2usize..=4 {
+        let n = 2500u64; // u32 elements
+        let spec = CollectiveSpec::all_reduce(world as u32, DataType::U32, ReduceOp::Sum, n);
+        let cfg = PlanConfig {
+            regime: Regime::Throughput,
+            chunk_bytes: 512,
+            blocks_per_role: 4,
+            staging_bytes: 1 << 16,
+            window_bytes: 1 << 16,
+            in_place: true,
+            peer_outputs: true,
+            ..PlanConfig::default()
+        };
+        let plans = derive(&spec, &cfg).expect("derive");
+        let mem = HostMemoryConfig { staging_bytes: 1 << 16, window_bytes: 1 << 16, ..HostMemoryConfig::default() };
+        let host = HostWorld::new(world, mem, Duration::from_secs(10));
+        for call in 0..3u64 {
+            let inputs: Vec<Vec<u32>> =
+                (0..world).map(|r| (0..n).map(|i| (r as u64 * 7919 + i * 31 + call) as u32).collect()).collect();
+            let le = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            let sums: Vec<u32> = (0..n as usize).map(|i| inputs.iter().map(|x| x[i]).sum()).collect();
+            let want = le(&sums);
+            let mut bufs: Vec<Vec<u8>> = inputs.iter().map(|x| le(x)).collect();
+            let mut peers = [(std::ptr::null_mut(), 0); purlin_collectives::exec_device::MAX_WORLD];
+            for (slot, b) in peers.iter_mut().zip(bufs.iter_mut()) {
+                *slot = (b.as_mut_ptr(), b.len());
+            }
+            let results: Vec<_> = std::thread::scope(|s| {
+                let hs: Vec<_> = plans
+                    .iter()
+                    .zip(peers)
+                    .map(|(p, (buf, len))| {
+                        // In place: the input is the buffer itself (alias at 0).
+                        let b = CallBuffers { peer_outputs: peers, ..CallBuffers::new(buf, len, buf, len) };
+                        let host = &host;
+                        s.spawn(move || host.execute(p, b, false))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+            });
+            for r in results {
+                r.unwrap_or_else(|e| panic!("w{world} call {call}: {e}"));
+            }
+            for (r, b) in bufs.iter().enumerate() {
+                assert_eq!(*b, want, "w{world} call {call} rank {r}");
+            }
+        }
+    }
+}

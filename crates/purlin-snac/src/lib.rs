@@ -29,7 +29,7 @@
 //! by a call (counters reset themselves, see `Arrive`). When the runtime registered every
 //! rank's output (symmetric memory, [`PlanConfig::peer_outputs`]), `PeerOutput(r)` names rank
 //! `r`'s output as mapped here, in `r`'s output coordinates (same alias as `r`'s `Output`);
-//! only a `Gather` may write it, and nothing reads it.
+//! only a `Gather` may write it, and only a `Reduce` read it.
 //!
 //! **Epoch and sense.** At entry, block `b` reads `E = epoch[b]`; `s = E & 1` is the sense.
 //! Every epoch-valued field ([`EpochVal`]) means `E + c * chunk_mul + add`. At exit, after its
@@ -80,7 +80,7 @@
 //! **What the plan guarantees** (checked by the verifier, DESIGN.md §3.3): a consumer reads
 //! staged data only after a `Wait` whose value the producer's last `Arrive`/`Signal` of exactly
 //! that chunk and epoch writes; a slot is overwritten only after its readers' drains or under
-//! the other sense; a store into a peer's output is ordered after the peer's entry into the
+//! the other sense; an access to a peer's output is ordered after the peer's entry into the
 //! call, and before the peer's exit; every rank advances by the same amount; every call makes every rank's exit
 //! happen after every peer's entry (through data or the handshake); the grid never exceeds
 //! `max_coresident_blocks`, so the runtime must launch all blocks co-resident (cooperative

@@ -468,14 +468,22 @@ fn full_set() {
 }
 
 /// One-copy plans (outputs registered on every rank): every copy collective, in and out of
-/// place, on worlds 2–4, three back-to-back calls, and mixed with staged calls that reuse
+/// place, and the AllReduce in place, on worlds 2–4, three back-to-back calls, and mixed with staged calls that reuse
 /// the same flag and counter words.
 #[test]
 fn one_copy_calls() {
     for world in [2u32, 3, 4] {
-        for c in [Collective::AllGather, Collective::AllToAll, Collective::AllGatherV, Collective::AllToAllV] {
+        for c in [
+            Collective::AllGather,
+            Collective::AllToAll,
+            Collective::AllGatherV,
+            Collective::AllToAllV,
+            Collective::AllReduce,
+        ] {
             for in_place in [false, true] {
-                if in_place && matches!(c, Collective::AllToAll | Collective::AllToAllV) {
+                // AllToAll has no in-place form; an AllReduce is one-copy only in place.
+                let a2a = matches!(c, Collective::AllToAll | Collective::AllToAllV);
+                if (a2a && in_place) || (c == Collective::AllReduce && !in_place) {
                     continue;
                 }
                 for blocks in [1, 2] {
@@ -495,33 +503,40 @@ fn one_copy_calls() {
 }
 
 /// Each of the one-copy path's two signals is needed: without the wait for the peer's entry,
-/// a store into its output races with its host's use of the previous result; without the wait
-/// for the peers' done, a rank ends its call before its output is complete.
+/// a store into its output (or a read of its buffer) races with its host's use of the
+/// previous result; without the wait for the peers' done, a rank ends its call before its
+/// output is complete. For an AllGather and an AllReduce in place.
 #[test]
 fn one_copy_needs_its_entry_and_done_waits() {
-    let cfg = PlanConfig { peer_outputs: true, ..small(Regime::Throughput, StagingSide::Peer, 2) };
-    let spec = spec_of(Collective::AllGather, 2, DataType::U8, 100, vec![]);
-    let good = plans(&spec, &cfg);
-    must_verify(&[good.clone(), good.clone()], "one-copy AllGather");
-    // The entry waits are the guarded waits inside the chunk loop.
-    let mut no_entry = good.clone();
-    for block in no_entry.iter_mut().flat_map(|p| &mut p.blocks) {
-        for step in &mut block.steps {
-            if let Step::ChunkLoop { body, .. } = step {
-                body.retain(|s| !matches!(s, Step::Wait { .. }));
+    let base = PlanConfig { peer_outputs: true, ..small(Regime::Throughput, StagingSide::Peer, 2) };
+    let cases = [
+        (spec_of(Collective::AllGather, 2, DataType::U8, 100, vec![]), base),
+        (spec_of(Collective::AllReduce, 2, DataType::U8, 200, vec![]), PlanConfig { in_place: true, ..base }),
+    ];
+    for (spec, cfg) in cases {
+        let c = spec.collective;
+        let good = plans(&spec, &cfg);
+        must_verify(&[good.clone(), good.clone()], &format!("one-copy {c:?}"));
+        // The entry waits are the guarded waits inside the chunk loop.
+        let mut no_entry = good.clone();
+        for block in no_entry.iter_mut().flat_map(|p| &mut p.blocks) {
+            for step in &mut block.steps {
+                if let Step::ChunkLoop { body, .. } = step {
+                    body.retain(|s| !matches!(s, Step::Wait { .. }));
+                }
             }
         }
+        let err = verify(&[no_entry.clone(), no_entry], &Options::default()).result.expect_err("entry race unseen");
+        assert!(matches!(err.property, Property::Race | Property::Reuse | Property::Readiness), "{err}");
+        println!("one-copy {c:?} without the entry wait: {err}");
+        // The done waits are the top-level waits of block 0, after its arrival.
+        let mut no_done = good.clone();
+        for plan in &mut no_done {
+            plan.blocks[0].steps.retain(|s| !matches!(s, Step::Wait { .. }));
+        }
+        let err = verify(&[no_done.clone(), no_done], &Options::default()).result.expect_err("early exit unseen");
+        println!("one-copy {c:?} without the done wait: {err}");
     }
-    let err = verify(&[no_entry.clone(), no_entry], &Options::default()).result.expect_err("entry race unseen");
-    assert!(matches!(err.property, Property::Race | Property::Reuse), "{err}");
-    println!("one-copy without the entry wait: {err}");
-    // The done waits are the top-level waits of block 0, after its arrival.
-    let mut no_done = good.clone();
-    for plan in &mut no_done {
-        plan.blocks[0].steps.retain(|s| !matches!(s, Step::Wait { .. }));
-    }
-    let err = verify(&[no_done.clone(), no_done], &Options::default()).result.expect_err("early exit unseen");
-    println!("one-copy without the done wait: {err}");
 }
 
 /// Consecutive throughput calls of different geometry (slots, lanes, blocks) at world 3 and 4:

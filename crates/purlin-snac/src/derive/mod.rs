@@ -14,9 +14,10 @@
 //! V plans (and plans where some pair exchanges nothing) add the entry/exit handshake.
 //!
 //! With [`PlanConfig::peer_outputs`] (every rank's output registered symmetric memory), the
-//! throughput plans of the copy collectives take the one-copy path (`one_copy.rs`): one role
-//! of writers storing straight into every destination's output, bounded by an entry signal
-//! and a done signal per pair of ranks.
+//! throughput plans of the copy collectives and of the AllReduce in place take the one-copy
+//! path (`one_copy.rs`): one role of blocks storing straight into every destination's output
+//! (the AllReduce also reading its shard from every peer's), bounded by an entry signal and a
+//! done signal per pair of ranks.
 
 mod latency;
 mod one_copy;
@@ -96,7 +97,8 @@ pub struct PlanConfig {
     /// Every rank's output is registered memory every rank can address at the same offset
     /// (NCCL's symmetric windows): the throughput regime's AllGather, AllToAll and their V
     /// forms then store straight into the peers' outputs (`Space::PeerOutput`, one copy per
-    /// byte, `blocks_per_role` writer blocks, no staging). Other collectives ignore it.
+    /// byte, `blocks_per_role` writer blocks, no staging), and an AllReduce in place reduces
+    /// its shard from every rank's buffer and stores it into each. Other collectives ignore it.
     pub peer_outputs: bool,
 }
 
@@ -238,7 +240,8 @@ pub fn flag_segment(cfg: &PlanConfig, world: u32) -> u32 {
 
 /// Whether a throughput plan of `spec` takes the one-copy path under `cfg`.
 pub fn one_copy(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
-    cfg.peer_outputs && spec.collective.consume_op() == crate::types::ConsumeOp::Gather
+    let copies = spec.collective.consume_op() == crate::types::ConsumeOp::Gather;
+    cfg.peer_outputs && (copies || (spec.collective == Collective::AllReduce && cfg.in_place))
 }
 
 /// Whether an AllReduce is planned two-shot/composed under `cfg`.

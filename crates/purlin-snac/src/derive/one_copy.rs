@@ -25,7 +25,7 @@ use super::{PlanConfig, empty_non_v, empty_plan};
 use crate::plan::{
     Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Role, Step,
 };
-use crate::spec::CollectiveSpec;
+use crate::spec::{Collective, CollectiveSpec};
 use crate::types::Regime;
 
 use super::DeriveError;
@@ -70,8 +70,6 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     if blocks > cfg.max_coresident_blocks {
         return Err(DeriveError::TooManyBlocks { need: blocks as u64, bound: cfg.max_coresident_blocks });
     }
-    let c = cfg.chunk_bytes;
-    let slice = c / blocks as u64;
     // In the segment of the rank that stores the flag (`flag_segment`): entry at word 0,
     // done at word 1.
     let segment = super::flag_segment(cfg, world);
@@ -81,9 +79,9 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     let entry = |from: u32| Index::fixed(from * segment);
     let done = |from: u32| Index::fixed(from * segment + 1);
     let once = EpochVal::at(1);
-    let sends = transfers(spec, cfg, rank);
-    let trips = sends.iter().map(|t| t.len.div_ceil(c)).max().unwrap_or(0);
     let peers = || (0..world).filter(move |&q| q != rank);
+    let wait_entry = |q: u32| Step::Wait { flag: entry(q), value: once, guard: Guard::new(0, 1) };
+    let cut = Cut { c: cfg.chunk_bytes, slice: cfg.chunk_bytes / blocks as u64 };
 
     for b in 0..blocks {
         let mut steps = vec![];
@@ -93,28 +91,12 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
                 steps.push(Step::Signal { notify, guard: Guard::ALWAYS });
             }
         }
+        let (trips, body) = if spec.collective == Collective::AllReduce {
+            all_reduce_body(spec, rank, b, cut, &wait_entry)
+        } else {
+            gather_body(spec, cfg, rank, b, cut, &wait_entry)
+        };
         if trips > 0 {
-            let mut body = vec![];
-            let mut waited = vec![false; world as usize];
-            for t in &sends {
-                let off = |base: u64| Offset::fixed(base + b as u64 * slice).chunk(c);
-                let dst = if t.to == rank {
-                    Region::output(off(t.dst))
-                } else {
-                    if !waited[t.to as usize] {
-                        waited[t.to as usize] = true;
-                        body.push(Step::Wait { flag: entry(t.to), value: once, guard: Guard::new(0, 1) });
-                    }
-                    Region::peer_output(t.to, off(t.dst))
-                };
-                body.push(Step::Gather {
-                    dst,
-                    src: Region::input(off(t.src)),
-                    len: Len::slice(slice, t.len, b as u64 * slice, c),
-                    expect: None,
-                    guard: Guard::ALWAYS,
-                });
-            }
             steps.push(Step::ChunkLoop { trips, body });
         }
         let then = peers().map(|q| Notify { kind: NotifyKind::Ready, peer: q, flag: done(rank), value: once });
@@ -136,4 +118,88 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     plan.resources.counter_words = 1;
     plan.advance = Advance::Fixed(1);
     Ok(plan)
+}
+
+/// Chunks of `c` bytes, of which each block takes a `slice`.
+#[derive(Clone, Copy)]
+struct Cut {
+    c: u64,
+    slice: u64,
+}
+
+impl Cut {
+    /// Block `b`'s slice of every chunk of `len` bytes from `base`.
+    fn offset(self, base: u64, b: u32) -> Offset {
+        Offset::fixed(base + b as u64 * self.slice).chunk(self.c)
+    }
+    fn len(self, len: u64, b: u32) -> Len {
+        Len::slice(self.slice, len, b as u64 * self.slice, self.c)
+    }
+}
+
+/// A copy collective: every transfer of this rank, chunk by chunk, each destination's entry
+/// awaited before the first store there.
+fn gather_body(
+    spec: &CollectiveSpec,
+    cfg: &PlanConfig,
+    rank: u32,
+    b: u32,
+    cut: Cut,
+    wait_entry: &dyn Fn(u32) -> Step,
+) -> (u64, Vec<Step>) {
+    let sends = transfers(spec, cfg, rank);
+    let trips = sends.iter().map(|t| t.len.div_ceil(cut.c)).max().unwrap_or(0);
+    let mut body = vec![];
+    let mut waited = vec![false; spec.world as usize];
+    for t in &sends {
+        let dst = if t.to == rank {
+            Region::output(cut.offset(t.dst, b))
+        } else {
+            if !std::mem::replace(&mut waited[t.to as usize], true) {
+                body.push(wait_entry(t.to));
+            }
+            Region::peer_output(t.to, cut.offset(t.dst, b))
+        };
+        let src = Region::input(cut.offset(t.src, b));
+        body.push(Step::Gather { dst, src, len: cut.len(t.len, b), expect: None, guard: Guard::ALWAYS });
+    }
+    (trips, body)
+}
+
+/// An AllReduce in place on symmetric buffers (two-shot, like PyTorch's symmetric-memory
+/// `two_shot_all_reduce_`): rank `r` reduces shard `r` reading every rank's buffer (its own in
+/// place), in rank order, then stores the result into every peer's buffer. Only rank `r`
+/// reads or writes shard `r` of any buffer, so shards never race; every peer's entry is
+/// awaited before the first read (its buffer then holds its input).
+fn all_reduce_body(
+    spec: &CollectiveSpec,
+    rank: u32,
+    b: u32,
+    cut: Cut,
+    wait_entry: &dyn Fn(u32) -> Step,
+) -> (u64, Vec<Step>) {
+    let (off, len) = spec.shard(rank);
+    let trips = len.div_ceil(cut.c);
+    let mut body: Vec<Step> = (0..spec.world).filter(|&q| q != rank).map(wait_entry).collect();
+    let at = cut.offset(off, b);
+    let srcs = (0..spec.world).map(|q| if q == rank { Region::output(at) } else { Region::peer_output(q, at) });
+    body.push(Step::Reduce {
+        dst: Region::output(at),
+        srcs: srcs.collect(),
+        len: cut.len(len, b),
+        expect: None,
+        guard: Guard::ALWAYS,
+    });
+    for step in 1..spec.world {
+        let q = (rank + step) % spec.world;
+        let dst = Region::peer_output(q, at);
+        body.push(Step::Gather {
+            dst,
+            src: Region::output(at),
+            len: cut.len(len, b),
+            expect: None,
+            guard: Guard::ALWAYS,
+        });
+    }
+    (trips, body)
 }
