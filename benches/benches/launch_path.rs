@@ -34,6 +34,7 @@ fn gpu_limits() -> PlanLimits {
         packet: PacketFormat::B16,
         flag_words: 4096,
         peer_outputs: false,
+        peer_inputs: false,
     }
 }
 

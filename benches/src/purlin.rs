@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use purlin_collectives::comm::NcclType;
 use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp, SymmetricBuffer};
 
@@ -66,29 +66,28 @@ pub fn comm_for_process(gpu: &Gpu, coord: &Coord, cfg: &Config) -> Result<Comm> 
 /// One rank's Purlin backend.
 #[derive(Debug)]
 pub struct Purlin {
-    /// The symmetric receive buffer (`--symmetric`), dropped before the communicator.
-    symmetric: Option<SymmetricBuffer<u8>>,
+    /// The symmetric send and receive buffers (`--symmetric`), dropped before the communicator.
+    symmetric: Option<(SymmetricBuffer<u8>, SymmetricBuffer<u8>)>,
     comm: Comm,
     send: CudaSlice<u8>,
     recv: CudaSlice<u8>,
 }
 
 impl Purlin {
-    /// Wraps a communicator and allocates the buffers; `symmetric`: the receive buffer is
-    /// symmetric memory (every rank makes its backend at the same point, so the collective
-    /// allocation meets).
+    /// Wraps a communicator and allocates the buffers; `symmetric`: the send and receive
+    /// buffers are symmetric memory (every rank makes its backend at the same point, so the
+    /// collective allocations meet).
     pub fn new(gpu: &Gpu, comm: Comm, send_bytes: usize, recv_bytes: usize, symmetric: bool) -> Result<Purlin> {
         gpu.bind()?;
+        let plain = |bytes: usize| if symmetric { 256 } else { bytes.max(256) };
         // SAFETY: u8 has no invalid bit patterns; the runner writes the send buffer before use
         // and poisons the receive buffer before every checked call.
-        let send = unsafe { gpu.stream.alloc::<u8>(send_bytes.max(256)) }.context("allocate purlin's send buffer")?;
-        let plain_recv = if symmetric { 256 } else { recv_bytes.max(256) };
+        let send = unsafe { gpu.stream.alloc::<u8>(plain(send_bytes)) }.context("allocate purlin's send buffer")?;
         // SAFETY: as above.
-        let recv = unsafe { gpu.stream.alloc::<u8>(plain_recv) }.context("allocate purlin's recv buffer")?;
-        let symmetric = match symmetric {
-            true => Some(comm.alloc_symmetric::<u8>(recv_bytes.max(256)).map_err(|e| anyhow!("alloc_symmetric: {e}"))?),
-            false => None,
-        };
+        let recv = unsafe { gpu.stream.alloc::<u8>(plain(recv_bytes)) }.context("allocate purlin's recv buffer")?;
+        let alloc =
+            |bytes: usize| comm.alloc_symmetric::<u8>(bytes.max(256)).map_err(|e| anyhow!("alloc_symmetric: {e}"));
+        let symmetric = if symmetric { Some((alloc(send_bytes)?, alloc(recv_bytes)?)) } else { None };
         gpu.stream.synchronize().context("synchronize after allocating")?;
         Ok(Purlin { symmetric, comm, send, recv })
     }
@@ -113,39 +112,41 @@ pub(crate) fn map_err(e: Error) -> CallError {
 }
 
 fn ptr_of(s: &CudaSlice<u8>) -> u64 {
-    use cudarc::driver::DevicePtr;
     let stream = s.stream().clone();
     let (p, _sync) = s.device_ptr(&stream);
     p
 }
 
-/// Typed views of the byte buffers, `n_send`/`n_recv` elements of `T` (the receive buffer:
-/// the symmetric one where there is one).
+/// Typed views of the byte buffers, `n_send`/`n_recv` elements of `T` (the symmetric ones
+/// where there are).
 fn call_typed<T: NcclType + cudarc::driver::DeviceRepr>(
     comm: &Comm,
     send: &CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
-    symmetric: Option<&SymmetricBuffer<u8>>,
+    symmetric: Option<&(SymmetricBuffer<u8>, SymmetricBuffer<u8>)>,
     case: &Case,
 ) -> Result<(), CallError> {
     let r = comm.rank();
-    let n_recv = case.in_place_layout(r).map_or(case.out_count(r), |l| l.len);
-    let too_small = || CallError::Failed("receive buffer too small".into());
-    if let Some(sym) = symmetric {
-        let mut d: SymmetricBuffer<T> = sym.view_as::<T>(n_recv).map_err(|_| too_small())?;
-        return call_into(comm, send, &mut d, case);
+    let (n_send, n_recv) = (case.in_count(r), case.in_place_layout(r).map_or(case.out_count(r), |l| l.len));
+    let too_small = |which: &str| CallError::Failed(format!("{which} buffer too small"));
+    if let Some((send, recv)) = symmetric {
+        let s: SymmetricBuffer<T> = send.view_as::<T>(n_send).map_err(|_| too_small("send"))?;
+        let mut d: SymmetricBuffer<T> = recv.view_as::<T>(n_recv).map_err(|_| too_small("receive"))?;
+        return call_into(comm, &s, &mut d, case);
     }
-    // SAFETY: the receive buffer was sized for the sweep's largest case in bytes (in place:
-    // its largest in-place buffer, Config::buffer_bytes); T is a plain element type for
-    // which every bit pattern is a value.
-    let mut d: CudaViewMut<'_, T> = unsafe { recv.transmute_mut::<T>(n_recv) }.ok_or_else(too_small)?;
-    call_into(comm, send, &mut d, case)
+    // SAFETY: the buffers were sized for the sweep's largest case in bytes (in place: its
+    // largest in-place buffer, Config::buffer_bytes); T is a plain element type for which
+    // every bit pattern is a value.
+    let s: CudaView<'_, T> = unsafe { send.transmute::<T>(n_send) }.ok_or_else(|| too_small("send"))?;
+    // SAFETY: as above.
+    let mut d: CudaViewMut<'_, T> = unsafe { recv.transmute_mut::<T>(n_recv) }.ok_or_else(|| too_small("receive"))?;
+    call_into(comm, &s, &mut d, case)
 }
 
-/// One call of `case` on `send` (viewed as `T`) into `recv`.
-fn call_into<T: NcclType + cudarc::driver::DeviceRepr, R: DevicePtrMut<T>>(
+/// One call of `case` on `s` into `d` (in place: on `d` alone).
+fn call_into<T: NcclType + cudarc::driver::DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
     comm: &Comm,
-    send: &CudaSlice<u8>,
+    s: &S,
     d: &mut R,
     case: &Case,
 ) -> Result<(), CallError> {
@@ -158,19 +159,15 @@ fn call_into<T: NcclType + cudarc::driver::DeviceRepr, R: DevicePtrMut<T>>(
         };
         return res.map(drop).map_err(map_err);
     }
-    // SAFETY: the send buffer was sized for the sweep's largest case in bytes; n × size_of::<T>
-    // fits; T is a plain element type for which every bit pattern is a value.
-    let s: CudaView<'_, T> = unsafe { send.transmute::<T>(case.in_count(comm.rank())) }
-        .ok_or_else(|| CallError::Failed("send buffer too small".into()))?;
     let res = match case.collective {
-        Collective::AllReduce => comm.all_reduce(&s, d, &op(case.op)),
-        Collective::AllGather => comm.all_gather(&s, d),
-        Collective::ReduceScatter => comm.reduce_scatter(&s, d, &op(case.op)),
-        Collective::AllToAll => comm.all_to_all(&s, d),
+        Collective::AllReduce => comm.all_reduce(s, d, &op(case.op)),
+        Collective::AllGather => comm.all_gather(s, d),
+        Collective::ReduceScatter => comm.reduce_scatter(s, d, &op(case.op)),
+        Collective::AllToAll => comm.all_to_all(s, d),
         // The V forms' matrix: m[0][p] = partition p (AG-V / RS-V), m[p][q] = pair p→q (A2A-V).
-        Collective::AllGatherV => comm.all_gather_v(&s, d, &case.matrix[0]),
-        Collective::ReduceScatterV => comm.reduce_scatter_v(&s, d, &case.matrix[0], &op(case.op)),
-        Collective::AllToAllV => comm.all_to_all_v(&s, d, &case.matrix),
+        Collective::AllGatherV => comm.all_gather_v(s, d, &case.matrix[0]),
+        Collective::ReduceScatterV => comm.reduce_scatter_v(s, d, &case.matrix[0], &op(case.op)),
+        Collective::AllToAllV => comm.all_to_all_v(s, d, &case.matrix),
     };
     res.map(drop).map_err(map_err)
 }
@@ -181,11 +178,11 @@ impl Backend for Purlin {
     }
 
     fn send_ptr(&self) -> u64 {
-        ptr_of(&self.send)
+        self.symmetric.as_ref().map_or_else(|| ptr_of(&self.send), |(s, _)| s.device_address())
     }
 
     fn recv_ptr(&self) -> u64 {
-        self.symmetric.as_ref().map_or_else(|| ptr_of(&self.recv), SymmetricBuffer::device_address)
+        self.symmetric.as_ref().map_or_else(|| ptr_of(&self.recv), |(_, r)| r.device_address())
     }
 
     /// Every collective and dtype is accepted here; what the GPU cannot do (e.g. reductions

@@ -51,9 +51,10 @@ struct Runtime {
   u64 trace;               // debug trace (0: off): per block, trace_capacity entries of 5 words
   u64 trace_capacity;
   u64 peer_output[kMaxWorld];  // every rank's registered output, as mapped here (one-copy plans)
+  u64 peer_input[kMaxWorld];   // every rank's registered input, as mapped here (one-copy plans)
 };
-// ExecRuntime's size (kernels.rs EXEC_RUNTIME_BYTES): 2 + 4 * 16 + 6 words.
-static_assert(sizeof(Runtime) == 8 * (2 + 4 * kMaxWorld + 6), "Runtime must match ExecRuntime");
+// ExecRuntime's size (kernels.rs EXEC_RUNTIME_BYTES): 2 + 5 * 16 + 6 words.
+static_assert(sizeof(Runtime) == 8 * (2 + 5 * kMaxWorld + 6), "Runtime must match ExecRuntime");
 
 template <u32 WORDS>
 struct ParamBlock {
@@ -115,6 +116,7 @@ __device__ __forceinline__ u8* region_ptr(const Ctx& x, const u64* r, u64 c) {
     case kOutput: base = x.rt->output; break;
     case kStaging: base = x.rt->staging[rank]; break;
     case kPeerOutput: base = x.rt->peer_output[rank]; break;
+    case kPeerInput: base = x.rt->peer_input[rank]; break;
     default: base = x.rt->window[rank]; break;
   }
   return (u8*)(base + off_at(r + 1, c, x.sense));

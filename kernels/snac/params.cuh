@@ -50,7 +50,7 @@ enum Op : unsigned int {
 };
 
 // Region space kinds (high 32 bits of a region's first word).
-enum SpaceKind : unsigned int { kInput = 0, kOutput = 1, kStaging = 2, kWindow = 3, kPeerOutput = 4 };
+enum SpaceKind : unsigned int { kInput = 0, kOutput = 1, kStaging = 2, kWindow = 3, kPeerOutput = 4, kPeerInput = 5 };
 
 }  // namespace snac
 }  // namespace purlin

@@ -1094,27 +1094,56 @@ impl Comm {
         self.check_device(recvbuff)?;
         let (input, _record_in) = sendbuff.device_ptr(&self.stream);
         let (output, _record_out) = recvbuff.device_ptr_mut(&self.stream);
-        let peers = self.peer_outputs(&spec, output)?;
-        let prepared = self.prepared(spec, false, peers.is_some())?;
-        self.launch_prepared(&prepared, input, output, peers)
+        let peers = self.peer_buffers(&spec, false, input, output)?;
+        let prepared = self.prepared(spec, false, peers.flags())?;
+        self.launch_prepared(&prepared, input, output, &peers)
     }
 
-    /// Every rank's output as mapped here when `output` is the base of one of this
-    /// communicator's symmetric buffers that holds every rank's output of `spec` (the
-    /// one-copy path), else `None` (staged).
-    pub(crate) fn peer_outputs(&self, spec: &CollectiveSpec, output: u64) -> Result<Option<Vec<u64>>, Error> {
+    /// Every rank's buffer as mapped here when `ptr` is the base of one of this
+    /// communicator's symmetric buffers, each of which must hold `need(rank)` bytes (peers
+    /// access every rank's), else `None`.
+    fn symmetric_at(&self, ptr: u64, need: impl Fn(u32) -> u64, what: &str) -> Result<Option<Vec<u64>>, Error> {
         let records = self.symmetric.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(m) = records.iter().map(|r| &r.mem).find(|m| m.addrs[self.rank] == output) else { return Ok(None) };
-        if let Some(q) = (0..spec.world).find(|&q| spec.output_bytes(q) > m.bytes as u64) {
+        let Some(m) = records.iter().map(|r| &r.mem).find(|m| m.addrs[self.rank] == ptr) else { return Ok(None) };
+        if let Some(q) = (0..self.world as u32).find(|&q| need(q) > m.bytes as u64) {
             return Err(Error::InvalidArgument(format!(
-                "{:?} into a symmetric buffer of {} bytes: rank {q}'s output needs {} bytes, and peers store into \
-                 every rank's buffer",
-                spec.collective,
+                "a symmetric buffer of {} bytes as the {what}: rank {q}'s needs {} bytes, and peers access every \
+                 rank's buffer",
                 m.bytes,
-                spec.output_bytes(q)
+                need(q)
             )));
         }
         Ok(Some(m.addrs.clone()))
+    }
+
+    /// Which of a call's buffers are symmetric (the one-copy path), with every rank's as
+    /// mapped here: out of place, `input` and `output` each; in place, the one buffer at
+    /// `output`, which holds every rank's input and output at the offsets of NCCL's convention.
+    pub(crate) fn peer_buffers(
+        &self,
+        spec: &CollectiveSpec,
+        in_place: bool,
+        input: u64,
+        output: u64,
+    ) -> Result<PeerBuffers, Error> {
+        if !in_place {
+            return Ok(PeerBuffers {
+                inputs: self.symmetric_at(input, |q| spec.input_bytes(q), "input")?,
+                outputs: self.symmetric_at(output, |q| spec.output_bytes(q), "output")?,
+            });
+        }
+        // (input offset, output offset) of rank `q`'s buffer.
+        let at = |q: u32| match purlin_snac::in_place_alias(spec, q) {
+            Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
+            Some(purlin_snac::Alias::OutputInInput(o)) => (0, o),
+            None => (0, 0),
+        };
+        let need = |q: u32| (at(q).0 + spec.input_bytes(q)).max(at(q).1 + spec.output_bytes(q));
+        let Some(bases) = self.symmetric_at(output, need, "buffer")? else { return Ok(PeerBuffers::default()) };
+        let shifted = |pick: fn((u64, u64)) -> u64| -> Vec<u64> {
+            bases.iter().enumerate().map(|(q, b)| b + pick(at(q as u32))).collect()
+        };
+        Ok(PeerBuffers { inputs: Some(shifted(|a| a.0)), outputs: Some(shifted(|a| a.1)) })
     }
 
     /// Allocates `len` elements of `T` on every rank at once (a collective call: every rank
@@ -1171,13 +1200,8 @@ impl Comm {
         self.check_device(buff)?;
         let bytes = (buff.len() * std::mem::size_of::<T>()) as u64;
         let (ptr, _record) = buff.device_ptr_mut(&self.stream);
-        // AllGather and AllReduce in place: the output is the whole buffer, so a symmetric one
-        // takes the one-copy path (a ReduceScatter's output is a part of it: staged).
-        let peers = match spec.collective {
-            purlin_snac::Collective::AllGather | purlin_snac::Collective::AllReduce => self.peer_outputs(&spec, ptr)?,
-            _ => None,
-        };
-        let prepared = self.prepared(spec, true, peers.is_some())?;
+        let peers = self.peer_buffers(&spec, true, ptr, ptr)?;
+        let prepared = self.prepared(spec, true, peers.flags())?;
         let res = prepared.plan.resources;
         let (input_at, output_at) = match res.alias {
             Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
@@ -1191,18 +1215,18 @@ impl Comm {
                 prepared.plan.spec.collective, res.input_bytes, res.output_bytes
             )));
         }
-        self.launch_prepared(&prepared, ptr + input_at, ptr + output_at, peers)
+        self.launch_prepared(&prepared, ptr + input_at, ptr + output_at, &peers)
     }
 
-    /// The plan of a call, derived once per (spec, in place, output symmetric) and kept with
-    /// its parameter block.
+    /// The plan of a call, derived once per (spec, in place, which buffers are symmetric) and
+    /// kept with its parameter block.
     pub(crate) fn prepared(
         &self,
         spec: CollectiveSpec,
         in_place: bool,
-        peer_outputs: bool,
+        (peer_inputs, peer_outputs): (bool, bool),
     ) -> Result<Arc<PreparedPlan>, Error> {
-        let key = (spec, in_place, peer_outputs);
+        let key = (spec, in_place, peer_inputs, peer_outputs);
         if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
@@ -1213,6 +1237,7 @@ impl Comm {
             packet: self.exec.packet(),
             flag_words: u32::try_from(self.layout.config.flag_words).unwrap_or(u32::MAX),
             peer_outputs,
+            peer_inputs,
         };
         let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
         let plan = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
@@ -1246,20 +1271,23 @@ impl Comm {
 
     /// Launches a prepared plan on `input` and `output`, device pointers of this GPU that the
     /// caller checked hold the plan's input and output bytes; `peers`: every rank's
-    /// symmetric output as mapped here, for one-copy plans.
+    /// symmetric input and output as mapped here, for one-copy plans.
     fn launch_prepared(
         &self,
         prepared: &PreparedPlan,
         input: u64,
         output: u64,
-        peers: Option<Vec<u64>>,
+        peers: &PeerBuffers,
     ) -> Result<Status, Error> {
         if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(Error::Poisoned(why));
         }
         let mut rt = self.runtime(input, output);
-        if let Some(peers) = peers {
-            rt.peer_output[..peers.len()].copy_from_slice(&peers);
+        if let Some(p) = &peers.outputs {
+            rt.peer_output[..p.len()].copy_from_slice(p);
+        }
+        if let Some(p) = &peers.inputs {
+            rt.peer_input[..p.len()].copy_from_slice(p);
         }
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
@@ -1382,8 +1410,22 @@ pub(crate) struct PreparedPlan {
 }
 
 /// What a prepared plan depends on besides the communicator: the spec, in-place-ness, and
-/// whether the output is a symmetric buffer.
-type PlanKey = (CollectiveSpec, bool, bool);
+/// whether the input and the output are symmetric buffers.
+type PlanKey = (CollectiveSpec, bool, bool, bool);
+
+/// Every rank's input and output as mapped here, where a call's are symmetric buffers.
+#[derive(Debug, Default)]
+pub(crate) struct PeerBuffers {
+    pub(crate) inputs: Option<Vec<u64>>,
+    pub(crate) outputs: Option<Vec<u64>>,
+}
+
+impl PeerBuffers {
+    /// (inputs symmetric, outputs symmetric).
+    pub(crate) fn flags(&self) -> (bool, bool) {
+        (self.inputs.is_some(), self.outputs.is_some())
+    }
+}
 
 /// Elements per partition of a `len`-element buffer split among `world` ranks, or an
 /// `InvalidArgument` naming `what`.

@@ -138,23 +138,23 @@ impl Comm {
     #[doc(hidden)]
     pub fn plan_for_conformance(&self, spec: CollectiveSpec, in_place: bool) -> Result<Plan, Error> {
         spec.validate()?;
-        Ok(self.prepared(spec, in_place, false)?.plan.clone())
+        Ok(self.prepared(spec, in_place, (false, false))?.plan.clone())
     }
 
-    /// The plan this rank runs for `spec` with `output` as its output buffer: one-copy when
-    /// `output` is a symmetric buffer of this communicator (resolved exactly as a call does).
-    /// Tests only.
+    /// The plan this rank runs for `spec` on buffers at these device addresses (in place:
+    /// `output` is the one buffer): one-copy where they are symmetric buffers of this
+    /// communicator (resolved exactly as a call does). Tests only.
     #[doc(hidden)]
-    pub fn plan_for_output<R: cudarc::driver::DevicePtrMut<T>, T: crate::comm::NcclType>(
+    pub fn plan_for_buffers(
         &self,
         spec: CollectiveSpec,
         in_place: bool,
-        output: &mut R,
+        input: u64,
+        output: u64,
     ) -> Result<Plan, Error> {
         spec.validate()?;
-        let (ptr, _record) = output.device_ptr_mut(&self.stream);
-        let peers = self.peer_outputs(&spec, ptr)?;
-        Ok(self.prepared(spec, in_place, peers.is_some())?.plan.clone())
+        let peers = self.peer_buffers(&spec, in_place, input, output)?;
+        Ok(self.prepared(spec, in_place, peers.flags())?.plan.clone())
     }
 
     /// Enqueues one launch of the device executor running `plan` — as given: it is neither

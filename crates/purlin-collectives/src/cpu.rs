@@ -163,6 +163,7 @@ impl CpuConfig {
             packet: self.packet,
             flag_words: self.memory.flag_words as u32,
             peer_outputs: false,
+            peer_inputs: false,
         }
     }
 }

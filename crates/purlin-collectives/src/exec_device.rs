@@ -56,6 +56,8 @@ pub struct ExecRuntime {
     pub trace_capacity: u64,
     /// Every rank's registered output as mapped here (one-copy plans; own rank: `output`).
     pub peer_output: [u64; MAX_WORLD],
+    /// Every rank's registered input as mapped here (one-copy plans; own rank: `input`).
+    pub peer_input: [u64; MAX_WORLD],
 }
 
 const _: () = assert!(std::mem::size_of::<ExecRuntime>() == EXEC_RUNTIME_BYTES);

@@ -114,13 +114,15 @@ pub struct CallBuffers {
     /// Every rank's registered output and its length (one-copy plans' `PeerOutput`), null
     /// where none is registered.
     pub peer_outputs: [(*mut u8, usize); crate::exec_device::MAX_WORLD],
+    /// Every rank's registered input and its length (`PeerInput`), null where none is.
+    pub peer_inputs: [(*mut u8, usize); crate::exec_device::MAX_WORLD],
 }
 
 impl CallBuffers {
     /// A call's own input and output, with no peer outputs registered.
     pub fn new(input: *const u8, input_len: usize, output: *mut u8, output_len: usize) -> Self {
-        let peer_outputs = [(std::ptr::null_mut(), 0); crate::exec_device::MAX_WORLD];
-        CallBuffers { input, input_len, output, output_len, peer_outputs }
+        let none = [(std::ptr::null_mut(), 0); crate::exec_device::MAX_WORLD];
+        CallBuffers { input, input_len, output, output_len, peer_outputs: none, peer_inputs: none }
     }
 }
 
@@ -415,6 +417,10 @@ impl BlockRun<'_> {
             Space::PeerOutput(p) => match self.buffers.peer_outputs.get(p as usize) {
                 Some(&(base, size)) if !base.is_null() => (base, size as u64),
                 _ => return Err(format!("rank {p}'s output is not registered")),
+            },
+            Space::PeerInput(p) => match self.buffers.peer_inputs.get(p as usize) {
+                Some(&(base, size)) if !base.is_null() => (base, size as u64),
+                _ => return Err(format!("rank {p}'s input is not registered")),
             },
         };
         if off.checked_add(len).is_none_or(|end| end > size) {

@@ -215,6 +215,8 @@ pub struct PlanLimits {
     pub flag_words: u32,
     /// The call's output is registered symmetric memory on every rank (one-copy calls).
     pub peer_outputs: bool,
+    /// The call's input is registered symmetric memory on every rank (one-copy reductions).
+    pub peer_inputs: bool,
 }
 
 /// The largest payload a rank sends or receives in a call of `spec` (the size band).
@@ -332,9 +334,10 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
         packet: limits.packet,
         in_place,
         peer_outputs: false,
+        peer_inputs: false,
     };
-    if regime == Regime::Throughput && limits.peer_outputs && tuning.one_copy_blocks > 0 {
-        cfg.peer_outputs = true;
+    if regime == Regime::Throughput && tuning.one_copy_blocks > 0 {
+        (cfg.peer_outputs, cfg.peer_inputs) = (limits.peer_outputs, limits.peer_inputs);
         if purlin_snac::derive::one_copy(spec, &cfg) {
             // One role of writers: the staged roles' knobs do not apply.
             let max = tuning.max_blocks.unwrap_or(u32::MAX).min(limits.max_coresident_blocks);
@@ -433,6 +436,7 @@ mod tests {
             packet: PacketFormat::B16,
             flag_words: 4096,
             peer_outputs: false,
+            peer_inputs: false,
         }
     }
 

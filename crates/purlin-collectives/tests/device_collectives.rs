@@ -393,19 +393,21 @@ fn in_place_gathers_and_scatters_match_the_reference() {
     assert_eq!(wrong, 0);
 }
 
-/// One copy collective into symmetric buffers on every rank (in place: the AllGather's input
-/// is the rank's part of the buffer). Counts in `one_copy` the calls whose plan stores into
-/// the peers' outputs, which every throughput call must; returns the wrong elements.
+/// One collective on symmetric buffers on every rank: the output in `outs` (in place: the
+/// whole buffer), the input of a reduction in `ins` (a copy collective reads a plain
+/// `CudaSlice`, so its input is not symmetric). Counts in `one_copy` the ranks whose plan
+/// is one-copy, which every throughput call must be; returns the wrong elements.
 fn run_symmetric(
     comms: &[Comm],
-    bufs: &mut [SymmetricBuffer<f32>],
-    coll: Coll,
-    in_place: bool,
+    ins: &mut [SymmetricBuffer<f32>],
+    outs: &mut [SymmetricBuffer<f32>],
+    (coll, in_place): (Coll, bool),
     n: usize,
     rng: &mut Rng,
     one_copy: &mut usize,
 ) -> usize {
-    use purlin_snac::{CollectiveSpec, DataType, Regime, Role, Space, Step};
+    use cudarc::driver::DevicePtr;
+    use purlin_snac::{CollectiveSpec, DataType, ReduceOp as Op, Regime, Role, Space, Step};
     let world = comms.len();
     let counts = v_counts(world, n);
     let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect();
@@ -417,100 +419,128 @@ fn run_symmetric(
         Coll::AllToAll => CollectiveSpec::all_to_all(w, DataType::F32, n as u64),
         Coll::AllGatherV => CollectiveSpec::all_gather_v(w, DataType::F32, u64s(&per_rank)),
         Coll::AllToAllV => CollectiveSpec::all_to_all_v(w, DataType::F32, counts.iter().map(|c| u64s(c)).collect()),
-        Coll::AllReduceInPlace => CollectiveSpec::all_reduce(w, DataType::F32, purlin_snac::ReduceOp::Sum, n as u64),
-        other => panic!("{other:?} has no one-copy plan"),
+        Coll::AllReduce | Coll::AllReduceInPlace => CollectiveSpec::all_reduce(w, DataType::F32, Op::Sum, n as u64),
+        Coll::ReduceScatter => CollectiveSpec::reduce_scatter(w, DataType::F32, Op::Sum, n as u64),
+        Coll::ReduceScatterV => CollectiveSpec::reduce_scatter_v(w, DataType::F32, Op::Sum, u64s(&per_rank)),
     };
+    let reduces = matches!(coll, Coll::AllReduce | Coll::AllReduceInPlace | Coll::ReduceScatter | Coll::ReduceScatterV);
+    // In place the buffer holds the rank's input at NCCL's offsets (all of it, but an
+    // AllGather's: its part) and poison elsewhere; a ReduceScatter's is its whole input.
+    let buf_len = |r: usize| if in_place { out_len[r].max(in_len[r]) } else { out_len[r] };
     let mut sends: Vec<CudaSlice<f32>> = Vec::new();
-    let (mut latency_ranks, mut peer_stores) = (0, 0);
+    let (mut latency_ranks, mut peer_accesses) = (0, 0);
     for (r, c) in comms.iter().enumerate() {
         let s = c.stream();
-        bufs[r].set_len(out_len[r]).expect("fits the allocation");
-        let mut host = vec![f32::poison(); out_len[r]];
-        if coll == Coll::AllReduceInPlace {
-            host.copy_from_slice(&inputs[r]);
-        } else if in_place {
+        outs[r].set_len(buf_len(r)).expect("fits the allocation");
+        let mut host = vec![f32::poison(); buf_len(r)];
+        if in_place && coll == Coll::AllGather {
             host[r * n..(r + 1) * n].copy_from_slice(&inputs[r]);
+        } else if in_place {
+            host.copy_from_slice(&inputs[r]);
         }
-        s.memcpy_htod(&host, &mut bufs[r]).expect("poison");
+        s.memcpy_htod(&host, &mut outs[r]).expect("poison");
+        ins[r].set_len(in_len[r]).expect("fits the allocation");
+        s.memcpy_htod(&inputs[r], &mut ins[r]).expect("upload");
         sends.push(s.clone_htod(&inputs[r]).expect("upload"));
-        // One-copy plans have writers only (staged ones always have readers); a rank whose
-        // V partitions for its peers are all empty stores into none of them.
-        let plan = c.plan_for_output(spec.clone(), in_place, &mut bufs[r]).expect("plan");
-        let writers_only = plan.blocks.iter().all(|b| b.role == Role::Producer);
-        peer_stores += plan.blocks.iter().flat_map(|b| &b.steps).any(|s| match s {
-            Step::ChunkLoop { body, .. } => {
-                body.iter().any(|s| matches!(s, Step::Gather { dst, .. } if matches!(dst.space, Space::PeerOutput(_))))
-            }
+        let input = if reduces { ins[r].device_address() } else { sends[r].device_ptr(&s).0 };
+        let plan = c.plan_for_buffers(spec.clone(), in_place, input, outs[r].device_address()).expect("plan");
+        // One-copy plans have one role (staged ones always have readers); a rank whose V
+        // partitions are all empty accesses no peer.
+        let one_role = plan.blocks.iter().all(|b| b.role == Role::Producer);
+        let peer = |x: &purlin_snac::Region| matches!(x.space, Space::PeerOutput(_) | Space::PeerInput(_));
+        peer_accesses += plan.blocks.iter().flat_map(|b| &b.steps).any(|s| match s {
+            Step::ChunkLoop { body, .. } => body.iter().any(|s| match s {
+                Step::Gather { dst, .. } => peer(dst),
+                Step::Reduce { srcs, .. } => srcs.iter().any(peer),
+                _ => false,
+            }),
             _ => false,
         }) as usize;
         if plan.regime == Regime::Throughput {
-            assert!(writers_only, "{coll:?} n={n}: a staged plan into a symmetric output");
+            assert!(one_role, "{coll:?} in place {in_place} n={n}: a staged plan on symmetric buffers");
             *one_copy += 1;
         } else {
             latency_ranks += 1;
         }
     }
-    assert!(latency_ranks == world || peer_stores > 0, "{coll:?} n={n}: one-copy plans that store into no peer");
+    assert!(latency_ranks == world || peer_accesses > 0, "{coll:?} n={n}: one-copy plans that access no peer");
     for (r, c) in comms.iter().enumerate() {
+        let sum = ReduceOp::Sum;
         let res = match (coll, in_place) {
-            (Coll::AllGather, true) => c.all_gather_in_place(&mut bufs[r]),
-            (Coll::AllGather, false) => c.all_gather(&sends[r], &mut bufs[r]),
-            (Coll::AllToAll, _) => c.all_to_all(&sends[r], &mut bufs[r]),
-            (Coll::AllGatherV, _) => c.all_gather_v(&sends[r], &mut bufs[r], &per_rank),
-            (Coll::AllReduceInPlace, _) => c.all_reduce_in_place(&mut bufs[r], &ReduceOp::Sum),
-            (Coll::AllToAllV, _) => c.all_to_all_v(&sends[r], &mut bufs[r], &counts),
-            (other, _) => panic!("{other:?}"),
+            (Coll::AllGather, true) => c.all_gather_in_place(&mut outs[r]),
+            (Coll::AllGather, false) => c.all_gather(&sends[r], &mut outs[r]),
+            (Coll::AllToAll, _) => c.all_to_all(&sends[r], &mut outs[r]),
+            (Coll::AllGatherV, _) => c.all_gather_v(&sends[r], &mut outs[r], &per_rank),
+            (Coll::AllToAllV, _) => c.all_to_all_v(&sends[r], &mut outs[r], &counts),
+            (Coll::AllReduceInPlace, _) | (Coll::AllReduce, true) => c.all_reduce_in_place(&mut outs[r], &sum),
+            (Coll::AllReduce, false) => c.all_reduce(&ins[r], &mut outs[r], &sum),
+            (Coll::ReduceScatter, true) => c.reduce_scatter_in_place(&mut outs[r], &sum),
+            (Coll::ReduceScatter, false) => c.reduce_scatter(&ins[r], &mut outs[r], &sum),
+            (Coll::ReduceScatterV, _) => c.reduce_scatter_v(&ins[r], &mut outs[r], &per_rank, &sum),
         };
         res.unwrap_or_else(|e| panic!("symmetric {coll:?} in place {in_place} n={n} rank {r}: {e}"));
     }
     let mut wrong = 0;
     for (r, c) in comms.iter().enumerate() {
-        let mut got = vec![0f32; out_len[r]];
-        c.stream().memcpy_dtoh(&bufs[r], &mut got).expect("download");
+        let mut got = vec![0f32; buf_len(r)];
+        c.stream().memcpy_dtoh(&outs[r], &mut got).expect("download");
         c.stream().synchronize().expect("sync");
-        let expect = expected(coll, ReduceOp::Sum, &inputs, n, r);
+        let expect: Vec<f64> = if in_place && coll == Coll::ReduceScatter {
+            // The rank's partition reduced, the rest of its input untouched.
+            let mine = expected(coll, ReduceOp::Sum, &inputs, n, r);
+            (0..world * n).map(|i| if i / n == r { mine[i % n] } else { inputs[r][i].to_f64() }).collect()
+        } else {
+            expected(coll, ReduceOp::Sum, &inputs, n, r)
+        };
         wrong += count_wrong(&got, &expect, &format!("symmetric {coll:?} in place {in_place} n={n} rank {r}"));
     }
     wrong
 }
 
-/// Outputs in symmetric buffers ([`Comm::alloc_symmetric_group`]): AllGather (also in
-/// place), AllToAll, their V forms and the AllReduce in place take the one-copy plan wherever they are staged (the
-/// plan is checked) and match the reference, under the default tuning and a 5-block cap;
-/// the same buffers work as plain memory below that size; an output the peers' buffers
-/// cannot hold is a typed error.
+/// Collectives on symmetric buffers ([`Comm::alloc_symmetric_group`]): AllGather (also in
+/// place), AllToAll and their V forms into symmetric outputs, ReduceScatter (also in place),
+/// its V form and AllReduce (in and out of place) from symmetric inputs, take the one-copy
+/// plan wherever they would be staged (the plan is checked) and match the reference, under
+/// the default tuning and a 5-block cap; below that size the same buffers work as plain
+/// memory; a buffer the peers' cannot match is a typed error.
 #[test]
 #[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
-fn symmetric_outputs_take_one_copy_and_match_the_reference() {
+fn symmetric_buffers_take_one_copy_and_match_the_reference() {
     let Some(g) = gpus() else { panic!("needs 2 GPUs") };
     let mut rng = Rng(0x5eed_0c0e);
     let (mut cases, mut wrong, mut one_copy) = (0, 0, 0);
     let sizes = [1, 4099, 300_001, 3 << 20];
+    let cases_per_size = [
+        (Coll::AllGather, false),
+        (Coll::AllGather, true),
+        (Coll::AllToAll, false),
+        (Coll::AllGatherV, false),
+        (Coll::AllToAllV, false),
+        (Coll::AllReduce, false),
+        (Coll::AllReduce, true),
+        (Coll::ReduceScatter, false),
+        (Coll::ReduceScatter, true),
+        (Coll::ReduceScatterV, false),
+    ];
     for max_blocks in [None, Some(5)] {
         let mut cfg = config(None, StagingSide::Peer);
         cfg.tuning.max_blocks = max_blocks;
         let comms = Comm::from_devices_with_config(g.streams.clone(), cfg).expect("set-up");
         let world = comms.len();
         let capacity = world * (3 << 20);
-        let mut bufs = Comm::alloc_symmetric_group::<f32>(&comms, capacity).expect("symmetric buffers");
+        let mut ins = Comm::alloc_symmetric_group::<f32>(&comms, capacity).expect("symmetric inputs");
+        let mut outs = Comm::alloc_symmetric_group::<f32>(&comms, capacity).expect("symmetric outputs");
         for n in sizes {
-            for (coll, in_place) in [
-                (Coll::AllGather, false),
-                (Coll::AllGather, true),
-                (Coll::AllToAll, false),
-                (Coll::AllGatherV, false),
-                (Coll::AllToAllV, false),
-                (Coll::AllReduceInPlace, true),
-            ] {
-                wrong += run_symmetric(&comms, &mut bufs, coll, in_place, n, &mut rng, &mut one_copy);
+            for case in cases_per_size {
+                wrong += run_symmetric(&comms, &mut ins, &mut outs, case, n, &mut rng, &mut one_copy);
                 cases += 1;
             }
         }
         // A V output the peers' buffers cannot hold: rank 1 gathers more than they have.
-        let big = vec![capacity as u64, 1];
-        let spec = purlin_snac::CollectiveSpec::all_gather_v(2, purlin_snac::DataType::F32, big);
+        let spec = purlin_snac::CollectiveSpec::all_gather_v(2, purlin_snac::DataType::F32, vec![capacity as u64, 1]);
         if world == 2 {
-            let err = comms[0].plan_for_output(spec, false, &mut bufs[0]).expect_err("too large for the peers");
+            let (i, o) = (ins[0].device_address(), outs[0].device_address());
+            let err = comms[0].plan_for_buffers(spec, false, i, o).expect_err("too large for the peers");
             assert!(err.to_string().contains("symmetric buffer"), "{err}");
         }
         for c in &comms {
@@ -521,6 +551,6 @@ fn symmetric_outputs_take_one_copy_and_match_the_reference() {
         "EXEC symmetric: {cases} cases on {} ranks, {one_copy} one-copy plans, {wrong} wrong elements",
         g.streams.len()
     );
-    assert!(one_copy >= 2 * 6 * g.streams.len(), "the throughput sizes ran one-copy");
+    assert!(one_copy >= 2 * cases_per_size.len() * g.streams.len(), "the throughput sizes ran one-copy");
     assert_eq!(wrong, 0);
 }

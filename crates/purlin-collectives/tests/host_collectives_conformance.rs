@@ -248,6 +248,7 @@ fn one_copy_all_reduce_in_place_sums_every_buffer() {
             window_bytes: 1 << 16,
             in_place: true,
             peer_outputs: true,
+            peer_inputs: true,
             ..PlanConfig::default()
         };
         let plans = derive(&spec, &cfg).expect("derive");
@@ -270,7 +271,12 @@ fn one_copy_all_reduce_in_place_sums_every_buffer() {
                     .zip(peers)
                     .map(|(p, (buf, len))| {
                         // In place: the input is the buffer itself (alias at 0).
-                        let b = CallBuffers { peer_outputs: peers, ..CallBuffers::new(buf, len, buf, len) };
+                        // In place, every rank's input is its buffer too.
+                        let b = CallBuffers {
+                            peer_outputs: peers,
+                            peer_inputs: peers,
+                            ..CallBuffers::new(buf, len, buf, len)
+                        };
                         let host = &host;
                         s.spawn(move || host.execute(p, b, false))
                     })
@@ -282,6 +288,68 @@ fn one_copy_all_reduce_in_place_sums_every_buffer() {
             }
             for (r, b) in bufs.iter().enumerate() {
                 assert_eq!(*b, want, "w{world} call {call} rank {r}");
+            }
+        }
+    }
+}
+
+/// One-copy reductions (every rank's input registered, and for the AllReduce its output):
+/// ReduceScatter, its V form and the AllReduce out of place pull each rank's part straight
+/// from every rank's input, on worlds 2-4, back to back with staged calls; against sums
+/// computed here from the spec's meaning.
+#[test]
+fn one_copy_reductions_pull_from_every_input() {
+    use purlin_snac::ReduceOp;
+    for world in 2u32..=4 {
+        let w = world as usize;
+        let specs = [
+            CollectiveSpec::reduce_scatter(world, DataType::U32, ReduceOp::Sum, 700),
+            CollectiveSpec::reduce_scatter_v(world, DataType::U32, ReduceOp::Sum, [600, 0, 90, 256][..w].to_vec()),
+            CollectiveSpec::all_reduce(world, DataType::U32, ReduceOp::Sum, 1900),
+        ];
+        let mem = HostMemoryConfig { staging_bytes: 1 << 16, window_bytes: 1 << 16, ..HostMemoryConfig::default() };
+        let host = HostWorld::new(w, mem, Duration::from_secs(10));
+        for spec in specs {
+            let staged = PlanConfig {
+                regime: Regime::Throughput,
+                chunk_bytes: 1024,
+                blocks_per_role: 2,
+                slots: 2,
+                staging_bytes: 1 << 16,
+                window_bytes: 1 << 16,
+                ..PlanConfig::default()
+            };
+            let one_copy = PlanConfig { peer_inputs: true, peer_outputs: true, blocks_per_role: 4, ..staged };
+            let x: Vec<Vec<u8>> = (0..world)
+                .map(|r| {
+                    (0..spec.input_bytes(r) / 4)
+                        .map(|i| (r as u64 * 7919 + i * 31) as u32)
+                        .flat_map(u32::to_le_bytes)
+                        .collect()
+                })
+                .collect();
+            let word =
+                |v: &[u8], at: u64| u32::from_le_bytes(v[at as usize..at as usize + 4].try_into().expect("4 bytes"));
+            let want: Vec<Vec<u8>> = (0..world)
+                .map(|r| {
+                    let mut out = vec![0u8; spec.output_bytes(r) as usize];
+                    for seg in spec.segments(r) {
+                        for i in (0..seg.len).step_by(4) {
+                            let sum: u32 = seg.sources.iter().map(|&(q, off)| word(&x[q as usize], off + i)).sum();
+                            let a = (seg.out_offset + i) as usize;
+                            out[a..a + 4].copy_from_slice(&sum.to_le_bytes());
+                        }
+                    }
+                    out
+                })
+                .collect();
+            for (k, cfg) in [one_copy, staged, one_copy].iter().enumerate() {
+                let plans = derive(&spec, cfg).expect("derive");
+                let mut outputs: Vec<Vec<u8>> = want.iter().map(|o| vec![0xA5; o.len()]).collect();
+                for r in execute_on_host(&host, &plans, &x, &mut outputs, false) {
+                    r.unwrap_or_else(|e| panic!("{:?} w{world} call {k}: {e}", spec.collective));
+                }
+                assert_eq!(outputs, want, "{:?} w{world} call {k}", spec.collective);
             }
         }
     }

@@ -96,7 +96,7 @@ pub mod spec;
 pub mod types;
 pub mod verify;
 
-pub use derive::{AllReduceAlgo, DeriveError, PlanConfig, derive, derive_rank, gcd};
+pub use derive::{AllReduceAlgo, DeriveError, PlanConfig, derive, derive_rank, gcd, in_place_alias};
 pub use key::{BlockShape, KernelKey, ShapeOp};
 pub use plan::{
     Advance, Alias, BlockProgram, CodecError, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, PlanError,

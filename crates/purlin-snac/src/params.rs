@@ -15,7 +15,7 @@
 //! an arrive, body steps of a loop). Field groups, in words:
 //!
 //! - guard (2): `from, until` · offset (4): `base, chunk_stride, chunk_modulus, sense_stride`
-//! - region (5): `space` (`kind << 32 | rank`, kinds 0 input, 1 output, 2 staging, 3 window, 4 a peer's registered output), offset
+//! - region (5): `space` (`kind << 32 | rank`, kinds 0 input, 1 output, 2 staging, 3 window, 4 a peer's registered output, 5 a peer's registered input), offset
 //! - len (4): `max, total, base, chunk_stride` · epoch value (2): `chunk_mul, add` (two's complement)
 //! - index (1): `base | chunk_modulus << 32` · notify (4): `kind << 32 | peer` (0 ready, 1 drain), index, value
 //!
@@ -216,6 +216,7 @@ impl W {
             Space::Staging(p) => 2 << 32 | p as u64,
             Space::Window(p) => 3 << 32 | p as u64,
             Space::PeerOutput(p) => 4 << 32 | p as u64,
+            Space::PeerInput(p) => 5 << 32 | p as u64,
         };
         self.0.push(sp);
         self.off(r.offset);
@@ -422,6 +423,7 @@ impl R<'_> {
             2 => Space::Staging(p),
             3 => Space::Window(p),
             4 => Space::PeerOutput(p),
+            5 => Space::PeerInput(p),
             _ => return Err(self.err("unknown space")),
         };
         Ok(Region { space, offset: self.off()? })

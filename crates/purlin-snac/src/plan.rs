@@ -66,6 +66,10 @@ pub enum Space {
     /// buffer is this call's only from the peer's entry into the call until its exit, which
     /// the plan must order its accesses within.
     PeerOutput(u32),
+    /// Rank `r`'s input buffer, registered on every rank (symmetric memory), in `r`'s input
+    /// coordinates; read only (`Gather` and `Reduce` sources of the one-copy path, which pull
+    /// a peer's contribution), within the peer's entry into the call and its exit.
+    PeerInput(u32),
 }
 
 /// A region: a space and an offset; its length is the step's [`Len`].
@@ -93,6 +97,9 @@ impl Region {
     }
     pub const fn peer_output(rank: u32, offset: Offset) -> Self {
         Region { space: Space::PeerOutput(rank), offset }
+    }
+    pub const fn peer_input(rank: u32, offset: Offset) -> Self {
+        Region { space: Space::PeerInput(rank), offset }
     }
 }
 
@@ -463,6 +470,7 @@ impl Plan {
             Space::Staging(_) => self.resources.staging_bytes,
             Space::Window(_) => self.resources.window_bytes,
             Space::PeerOutput(p) => self.spec.output_bytes(p),
+            Space::PeerInput(p) => self.spec.input_bytes(p),
         }
     }
 
@@ -598,7 +606,7 @@ impl Plan {
     fn check_region(&self, r: &Region, len: &Len, (lo, hi): (u64, u64)) -> Result<(), String> {
         let world = self.spec.world;
         match r.space {
-            Space::Staging(p) | Space::Window(p) | Space::PeerOutput(p) if p >= world => {
+            Space::Staging(p) | Space::Window(p) | Space::PeerOutput(p) | Space::PeerInput(p) if p >= world => {
                 return Err(format!("{:?} names a rank outside world {world}", r.space));
             }
             _ => {}
@@ -680,7 +688,19 @@ impl Plan {
         let r = &self.resources;
         let win = |x: &Region| matches!(x.space, Space::Window(_));
         let peer_out = |x: &Region| matches!(x.space, Space::PeerOutput(_));
+        let peer_in = |x: &Region| matches!(x.space, Space::PeerInput(_));
         match s {
+            Step::Stage { dst, .. }
+            | Step::Gather { dst, .. }
+            | Step::Reduce { dst, .. }
+            | Step::PutPackets { dst, .. }
+                if peer_in(dst) =>
+            {
+                return Err("a peer's input is only read".into());
+            }
+            Step::Stage { src, .. } | Step::PutPackets { src, .. } if peer_in(src) => {
+                return Err("a peer's input is read only by a gather or a reduce".into());
+            }
             Step::Stage { src, .. } | Step::PutPackets { src, .. } if peer_out(src) => {
                 return Err("a peer's output is only written, never read".into());
             }
@@ -927,6 +947,7 @@ impl fmt::Display for Region {
             Space::Staging(r) => format!("stg{r}"),
             Space::Window(r) => format!("win{r}"),
             Space::PeerOutput(r) => format!("out{r}"),
+            Space::PeerInput(r) => format!("in{r}"),
         };
         let o = &self.offset;
         write!(f, "{sp}[{}", o.base)?;

@@ -467,8 +467,8 @@ fn full_set() {
     println!("full set: {runs} scenarios, exhaustive, {states} states in total, {:.2?}", t0.elapsed());
 }
 
-/// One-copy plans (outputs registered on every rank): every copy collective, in and out of
-/// place, and the AllReduce in place, on worlds 2–4, three back-to-back calls, and mixed with staged calls that reuse
+/// One-copy plans (inputs and outputs registered on every rank): every collective but the
+/// AllToAll in place, on worlds 2–4, three back-to-back calls, and mixed with staged calls that reuse
 /// the same flag and counter words.
 #[test]
 fn one_copy_calls() {
@@ -479,16 +479,16 @@ fn one_copy_calls() {
             Collective::AllGatherV,
             Collective::AllToAllV,
             Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::ReduceScatterV,
         ] {
             for in_place in [false, true] {
-                // AllToAll has no in-place form; an AllReduce is one-copy only in place.
-                let a2a = matches!(c, Collective::AllToAll | Collective::AllToAllV);
-                if (a2a && in_place) || (c == Collective::AllReduce && !in_place) {
+                if in_place && matches!(c, Collective::AllToAll | Collective::AllToAllV) {
                     continue;
                 }
                 for blocks in [1, 2] {
                     let staged = PlanConfig { in_place, ..small(Regime::Throughput, StagingSide::Peer, blocks) };
-                    let cfg = PlanConfig { peer_outputs: true, ..staged };
+                    let cfg = PlanConfig { peer_outputs: true, peer_inputs: true, ..staged };
                     let spec = spec_of(c, world, DataType::U8, 70 * blocks as u64, vec![70, 0, 33, 5, 0, 64, 9, 1, 2]);
                     let p = plans(&spec, &cfg);
                     assert!(p.iter().flat_map(|p| &p.blocks).all(|b| b.role == Role::Producer), "{c:?}: not one-copy");
@@ -505,13 +505,18 @@ fn one_copy_calls() {
 /// Each of the one-copy path's two signals is needed: without the wait for the peer's entry,
 /// a store into its output (or a read of its buffer) races with its host's use of the
 /// previous result; without the wait for the peers' done, a rank ends its call before its
-/// output is complete. For an AllGather and an AllReduce in place.
+/// output is complete (or the peer's input reused). For an AllGather, an AllReduce in place
+/// and a ReduceScatter.
 #[test]
 fn one_copy_needs_its_entry_and_done_waits() {
     let base = PlanConfig { peer_outputs: true, ..small(Regime::Throughput, StagingSide::Peer, 2) };
     let cases = [
         (spec_of(Collective::AllGather, 2, DataType::U8, 100, vec![]), base),
-        (spec_of(Collective::AllReduce, 2, DataType::U8, 200, vec![]), PlanConfig { in_place: true, ..base }),
+        (
+            spec_of(Collective::AllReduce, 2, DataType::U8, 200, vec![]),
+            PlanConfig { in_place: true, peer_inputs: true, ..base },
+        ),
+        (spec_of(Collective::ReduceScatter, 2, DataType::U8, 100, vec![]), PlanConfig { peer_inputs: true, ..base }),
     ];
     for (spec, cfg) in cases {
         let c = spec.collective;

@@ -14,10 +14,15 @@ pub fn execute_on_host(
     outputs: &mut [Vec<u8>],
     trace: bool,
 ) -> Vec<Result<Vec<TraceEntry>, Error>> {
-    // Every rank's output is registered for every rank (one-copy plans store into peers').
+    // Every rank's input and output are registered for every rank (one-copy plans store into
+    // peers' outputs and read peers' inputs; nothing writes an input).
     let mut peers = [(std::ptr::null_mut(), 0); purlin_collectives::exec_device::MAX_WORLD];
+    let mut peer_inputs = peers;
     for (slot, o) in peers.iter_mut().zip(outputs.iter_mut()) {
         *slot = (o.as_mut_ptr(), o.len());
+    }
+    for (slot, i) in peer_inputs.iter_mut().zip(inputs) {
+        *slot = (i.as_ptr().cast_mut(), i.len());
     }
     std::thread::scope(|s| {
         let hs: Vec<_> = plans
@@ -25,7 +30,11 @@ pub fn execute_on_host(
             .zip(peers)
             .zip(inputs)
             .map(|((p, (out, out_len)), i)| {
-                let b = CallBuffers { peer_outputs: peers, ..CallBuffers::new(i.as_ptr(), i.len(), out, out_len) };
+                let b = CallBuffers {
+                    peer_outputs: peers,
+                    peer_inputs,
+                    ..CallBuffers::new(i.as_ptr(), i.len(), out, out_len)
+                };
                 s.spawn(move || host.execute(p, b, trace))
             })
             .collect();

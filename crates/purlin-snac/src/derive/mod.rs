@@ -14,10 +14,12 @@
 //! V plans (and plans where some pair exchanges nothing) add the entry/exit handshake.
 //!
 //! With [`PlanConfig::peer_outputs`] (every rank's output registered symmetric memory), the
-//! throughput plans of the copy collectives and of the AllReduce in place take the one-copy
-//! path (`one_copy.rs`): one role of blocks storing straight into every destination's output
-//! (the AllReduce also reading its shard from every peer's), bounded by an entry signal and a
-//! done signal per pair of ranks.
+//! throughput plans of the copy collectives take the one-copy path (`one_copy.rs`): one role
+//! of blocks storing straight into every destination's output; with every rank's input
+//! registered ([`PlanConfig::peer_inputs`]) a ReduceScatter reduces its part straight from
+//! every rank's input, and an AllReduce with both registered reduces its shard so and stores
+//! it into every peer's output. Each is bounded by an entry signal and a done signal per pair
+//! of ranks.
 
 mod latency;
 mod one_copy;
@@ -100,6 +102,12 @@ pub struct PlanConfig {
     /// byte, `blocks_per_role` writer blocks, no staging), and an AllReduce in place reduces
     /// its shard from every rank's buffer and stores it into each. Other collectives ignore it.
     pub peer_outputs: bool,
+    /// Every rank's input is registered memory every rank can address (`Space::PeerInput`):
+    /// the throughput regime's ReduceScatter and its V form then reduce their part straight
+    /// from every rank's input (one read per byte, no staging), and an AllReduce whose output
+    /// is registered too reduces its shard so and stores it into every peer's output. In
+    /// place, input and output are one registered buffer: set both.
+    pub peer_inputs: bool,
 }
 
 /// Greatest common divisor (at least 1).
@@ -151,6 +159,7 @@ impl Default for PlanConfig {
             packet: PacketFormat::B8,
             in_place: false,
             peer_outputs: false,
+            peer_inputs: false,
         }
     }
 }
@@ -240,8 +249,11 @@ pub fn flag_segment(cfg: &PlanConfig, world: u32) -> u32 {
 
 /// Whether a throughput plan of `spec` takes the one-copy path under `cfg`.
 pub fn one_copy(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
-    let copies = spec.collective.consume_op() == crate::types::ConsumeOp::Gather;
-    cfg.peer_outputs && (copies || (spec.collective == Collective::AllReduce && cfg.in_place))
+    match spec.collective {
+        Collective::AllReduce => cfg.peer_inputs && cfg.peer_outputs,
+        Collective::ReduceScatter | Collective::ReduceScatterV => cfg.peer_inputs,
+        _ => cfg.peer_outputs,
+    }
 }
 
 /// Whether an AllReduce is planned two-shot/composed under `cfg`.
@@ -261,9 +273,12 @@ fn derive_rank_unchecked(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> 
 
 /// The alias of an in-place call for `rank`.
 pub(crate) fn alias(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Option<Alias> {
-    if !cfg.in_place {
-        return None;
-    }
+    if cfg.in_place { in_place_alias(spec, rank) } else { None }
+}
+
+/// Where `rank`'s input and output lie in its one buffer when `spec` runs in place (NCCL's
+/// convention); `None` for collectives without an in-place form.
+pub fn in_place_alias(spec: &CollectiveSpec, rank: u32) -> Option<Alias> {
     match spec.collective {
         Collective::AllReduce => Some(Alias::InputInOutput(0)),
         Collective::AllGather | Collective::AllGatherV => {

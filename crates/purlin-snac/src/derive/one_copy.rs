@@ -1,5 +1,6 @@
-//! The one-copy path of the copy collectives (AllGather, AllToAll and their V forms) when
-//! every rank's output is registered symmetric memory ([`PlanConfig::peer_outputs`]).
+//! The one-copy path, where every rank's output (copy collectives: AllGather, AllToAll and
+//! their V forms, [`PlanConfig::peer_outputs`]) or input (ReduceScatter and its V form,
+//! [`PlanConfig::peer_inputs`]; AllReduce: both) is registered symmetric memory.
 //!
 //! Staged, every byte crosses two copies: the writer's into the reader's staging (or its own),
 //! the reader's out of it into the output. With outputs every rank can address, a writer
@@ -7,6 +8,8 @@
 //! byte is copied once, and no slots, drains or readers are needed: one role, `Producer`,
 //! whose `B = blocks_per_role` blocks each take a `chunk_bytes / B` slice of every chunk of
 //! every transfer (this rank's own part, out of place, is a local copy like any other).
+//! Reductions pull instead: each rank reduces the part of the output it owns straight from
+//! every rank's input, and an AllReduce stores its reduced shard into every peer's output.
 //!
 //! Two notifications per pair of ranks bound the stores to the call (flags `E + 1`, advance 1):
 //! - *entry*: block 0 of every rank signals each peer at entry. A peer's output is free only
@@ -26,7 +29,7 @@ use crate::plan::{
     Advance, BlockProgram, EpochVal, Guard, Index, Len, Notify, NotifyKind, Offset, Plan, Region, Role, Step,
 };
 use crate::spec::{Collective, CollectiveSpec};
-use crate::types::Regime;
+use crate::types::{ConsumeOp, Regime};
 
 use super::DeriveError;
 
@@ -91,8 +94,8 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
                 steps.push(Step::Signal { notify, guard: Guard::ALWAYS });
             }
         }
-        let (trips, body) = if spec.collective == Collective::AllReduce {
-            all_reduce_body(spec, rank, b, cut, &wait_entry)
+        let (trips, body) = if spec.collective.consume_op() == ConsumeOp::Reduce {
+            reduce_body(spec, rank, b, cut, &wait_entry)
         } else {
             gather_body(spec, cfg, rank, b, cut, &wait_entry)
         };
@@ -166,40 +169,54 @@ fn gather_body(
     (trips, body)
 }
 
-/// An AllReduce in place on symmetric buffers (two-shot, like PyTorch's symmetric-memory
-/// `two_shot_all_reduce_`): rank `r` reduces shard `r` reading every rank's buffer (its own in
-/// place), in rank order, then stores the result into every peer's buffer. Only rank `r`
-/// reads or writes shard `r` of any buffer, so shards never race; every peer's entry is
-/// awaited before the first read (its buffer then holds its input).
-fn all_reduce_body(
+/// A reduction that pulls (ReduceScatter, its V form, and the AllReduce two-shot like
+/// PyTorch's symmetric-memory `two_shot_all_reduce_`): rank `r` reduces each segment of its
+/// output it owns (a ReduceScatter: all of it; an AllReduce: shard `r`) straight from every
+/// rank's input, in rank order, after that rank's entry (its input then holds this call's
+/// data); an AllReduce then stores the reduced shard into every peer's output. Only rank `r`
+/// reads or writes its part of any buffer, so parts never race.
+fn reduce_body(
     spec: &CollectiveSpec,
     rank: u32,
     b: u32,
     cut: Cut,
     wait_entry: &dyn Fn(u32) -> Step,
 ) -> (u64, Vec<Step>) {
-    let (off, len) = spec.shard(rank);
-    let trips = len.div_ceil(cut.c);
+    let all_reduce = spec.collective == Collective::AllReduce;
+    let (lo, hi) = if all_reduce {
+        let (off, len) = spec.shard(rank);
+        (off, off + len)
+    } else {
+        (0, u64::MAX)
+    };
     let mut body: Vec<Step> = (0..spec.world).filter(|&q| q != rank).map(wait_entry).collect();
-    let at = cut.offset(off, b);
-    let srcs = (0..spec.world).map(|q| if q == rank { Region::output(at) } else { Region::peer_output(q, at) });
-    body.push(Step::Reduce {
-        dst: Region::output(at),
-        srcs: srcs.collect(),
-        len: cut.len(len, b),
-        expect: None,
-        guard: Guard::ALWAYS,
-    });
-    for step in 1..spec.world {
-        let q = (rank + step) % spec.world;
-        let dst = Region::peer_output(q, at);
-        body.push(Step::Gather {
-            dst,
-            src: Region::output(at),
-            len: cut.len(len, b),
+    let mut trips = 0;
+    for seg in spec.segments(rank) {
+        let (a, z) = (seg.out_offset.max(lo), (seg.out_offset + seg.len).min(hi));
+        if a >= z {
+            continue;
+        }
+        let (len, skip) = (z - a, a - seg.out_offset);
+        trips = trips.max(len.div_ceil(cut.c));
+        let at = cut.offset(a, b);
+        let srcs = seg.sources.iter().map(|&(q, off)| {
+            let o = cut.offset(off + skip, b);
+            if q == rank { Region::input(o) } else { Region::peer_input(q, o) }
+        });
+        let len = cut.len(len, b);
+        body.push(Step::Reduce {
+            dst: Region::output(at),
+            srcs: srcs.collect(),
+            len,
             expect: None,
             guard: Guard::ALWAYS,
         });
+        if all_reduce {
+            for step in 1..spec.world {
+                let dst = Region::peer_output((rank + step) % spec.world, at);
+                body.push(Step::Gather { dst, src: Region::output(at), len, expect: None, guard: Guard::ALWAYS });
+            }
+        }
     }
     (trips, body)
 }

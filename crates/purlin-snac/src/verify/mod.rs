@@ -1195,12 +1195,12 @@ impl<'a> Model<'a> {
         let off = reg.offset.at(c, e & 1);
         // A peer's output lies where that peer's own plan puts its `Output`.
         let (owner, alias) = match reg.space {
-            Space::PeerOutput(q) => (q as usize, self.plan(k, q as usize).resources.alias),
+            Space::PeerOutput(q) | Space::PeerInput(q) => (q as usize, self.plan(k, q as usize).resources.alias),
             _ => (r, p.resources.alias),
         };
         let (rank, sp, off) = match (reg.space, alias) {
-            (Space::Input, Some(Alias::InputInOutput(o))) => (r, 1, off + o),
-            (Space::Input, _) => (r, 0, off),
+            (Space::Input | Space::PeerInput(_), Some(Alias::InputInOutput(o))) => (owner, 1, off + o),
+            (Space::Input | Space::PeerInput(_), _) => (owner, 0, off),
             (Space::Output | Space::PeerOutput(_), Some(Alias::OutputInInput(o))) => (owner, 0, off + o),
             (Space::Output | Space::PeerOutput(_), _) => (owner, 1, off),
             (Space::Staging(q), _) => (q as usize, 2, off),
