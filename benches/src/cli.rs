@@ -79,10 +79,11 @@ usage: purlin-bench [options]          one process, one thread per GPU
                      columns): AllReduce on one buffer, AllGather with the rank's
                      part already in the output, ReduceScatter into the rank's part
                      of the input; AllToAll and the V forms: unsupported
-  --symmetric        Purlin's receive buffers are symmetric memory
-                     (Comm::alloc_symmetric): staged AllGather, AllToAll and V
-                     forms store straight into the peers' outputs (one copy), as
-                     NCCL's symmetric baseline uses registered windows
+  --symmetric        Purlin's send and receive buffers are symmetric memory
+                     (Comm::alloc_symmetric): calls that would be staged take the
+                     one-copy path (stores into the peers' outputs, reductions
+                     from their inputs), as NCCL's symmetric baseline uses
+                     registered windows
   --backends LIST    purlin,nccl,nccl-symm | all                       [all]
   --timeout SECS     bound on every wait (a stuck peer stops the run)  [120]
   --seed N           input seed                                        [1]

@@ -192,9 +192,9 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
             first.dtype,
             first.op.map_or("none", |o| o.name()),
             match (first.in_place, first.symmetric) {
-                (true, true) => "  in place, purlin outputs symmetric",
+                (true, true) => "  in place, purlin buffers symmetric",
                 (true, false) => "  in place",
-                (false, true) => "  purlin outputs symmetric",
+                (false, true) => "  purlin buffers symmetric",
                 (false, false) => "",
             },
             collective.bytes_meaning(),

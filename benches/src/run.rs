@@ -80,8 +80,8 @@ pub struct Config {
     /// Every call in place (NCCL's convention; AllToAll and the V forms have no in-place
     /// form and are reported unsupported).
     pub in_place: bool,
-    /// Purlin's receive buffers are symmetric memory (`Comm::alloc_symmetric`), so staged copy
-    /// collectives take the one-copy path.
+    /// Purlin's send and receive buffers are symmetric memory (`Comm::alloc_symmetric`), so
+    /// calls that would be staged take the one-copy path.
     pub symmetric: bool,
     /// Backends, in column order.
     pub backends: Vec<BackendKind>,
@@ -196,7 +196,7 @@ pub struct Row {
     pub executor: Executor,
     /// In place (NCCL's convention), or out of place.
     pub in_place: bool,
-    /// Purlin's outputs were symmetric memory (`--symmetric`).
+    /// Purlin's buffers were symmetric memory (`--symmetric`).
     pub symmetric: bool,
     /// One cell per backend, in column order.
     pub cells: Vec<Cell>,

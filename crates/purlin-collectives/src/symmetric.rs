@@ -2,14 +2,20 @@
 //! that every rank can address every peer's (NCCL's `ncclMemAlloc` + `ncclCommWindowRegister`
 //! with symmetric windows, PyTorch's symmetric memory).
 //!
-//! A collective whose output *is* a [`SymmetricBuffer`] (starts at its base address) may take
-//! the one-copy path: AllGather, AllToAll and their V forms store straight into the peers'
-//! outputs instead of staging every byte through the workspace (`purlin_snac`
-//! `PlanConfig::peer_outputs`). Every rank of such a call must pass a symmetric buffer as its
-//! output; a rank that passes other memory runs the staged plan, and the call ends in a device
-//! timeout on every rank (the one-copy plan's flags never meet the staged plan's), not in
-//! corrupted memory. Outputs elsewhere, including inside a symmetric buffer at another offset,
-//! take the staged path as before.
+//! A collective whose buffers *are* [`SymmetricBuffer`]s (start at their base address) may take
+//! the one-copy path instead of staging every byte through the workspace:
+//! - AllGather, AllToAll and their V forms with a symmetric output store straight into the
+//!   peers' outputs (`purlin_snac` `PlanConfig::peer_outputs`);
+//! - ReduceScatter and its V form with a symmetric input reduce their part straight from every
+//!   rank's input (`PlanConfig::peer_inputs`);
+//! - AllReduce with both symmetric (or in place on one) reduces its shard so and stores it into
+//!   every peer's output (two-shot).
+//!
+//! In place, the one buffer is both. Every rank of such a call must pass symmetric buffers in
+//! the same roles; a rank that passes other memory runs the staged plan, and the call ends in a
+//! device timeout on every rank (the one-copy plan's flags never meet the staged plan's), not
+//! in corrupted memory. Buffers elsewhere, including inside a symmetric buffer at another
+//! offset, take the staged path as before.
 //!
 //! Purlin allocates the memory itself (`cuMemAlloc`, shared by CUDA IPC between processes, by
 //! address within one): cudarc's allocations come from a stream-ordered pool that legacy IPC

@@ -354,3 +354,38 @@ fn one_copy_reductions_pull_from_every_input() {
         }
     }
 }
+
+/// A rank whose output is symmetric runs the one-copy plan, its peer (plain memory) the
+/// staged one: their flags never meet, so both time out, and neither writes the other's
+/// part of an output (the one-copy writers wait for an entry signal that never comes).
+#[test]
+fn one_copy_against_staged_times_out_and_writes_no_peer_part() {
+    let (world, n) = (2usize, 3000usize);
+    let spec = CollectiveSpec::all_gather(world as u32, DataType::U8, n as u64);
+    let staged = PlanConfig {
+        regime: Regime::Throughput,
+        chunk_bytes: 1024,
+        blocks_per_role: 2,
+        slots: 2,
+        staging_bytes: 1 << 16,
+        window_bytes: 1 << 16,
+        ..PlanConfig::default()
+    };
+    let one_copy = PlanConfig { peer_outputs: true, ..staged };
+    let plans = vec![
+        purlin_snac::derive_rank(&spec, &one_copy, 0).expect("one-copy plan"),
+        purlin_snac::derive_rank(&spec, &staged, 1).expect("staged plan"),
+    ];
+    let mem = HostMemoryConfig { staging_bytes: 1 << 16, window_bytes: 1 << 16, ..HostMemoryConfig::default() };
+    let host = HostWorld::new(world, mem, Duration::from_millis(500));
+    let x = inputs(world, n);
+    let mut outputs = vec![vec![0xA5u8; n * world]; world];
+    let results = execute_on_host(&host, &plans, &x, &mut outputs, false);
+    for (r, res) in results.iter().enumerate() {
+        let err = res.as_ref().expect_err("mismatched plans cannot complete");
+        println!("rank {r}: {err}");
+    }
+    // Rank 0's part in rank 1's output and rank 1's part in rank 0's are never written.
+    assert!(outputs[1][..n].iter().all(|&b| b == 0xA5), "rank 1's copy of rank 0's part was written");
+    assert!(outputs[0][n..].iter().all(|&b| b == 0xA5), "rank 0's copy of rank 1's part was written");
+}

@@ -247,6 +247,10 @@ pub fn flag_segment(cfg: &PlanConfig, world: u32) -> u32 {
     cfg.flag_words / world.max(1)
 }
 
+/// Words at the end of every segment that only one-copy plans use (entry and done), so
+/// that a staged plan never mistakes their signals for its own.
+pub(crate) const ONE_COPY_FLAGS: u32 = 2;
+
 /// Whether a throughput plan of `spec` takes the one-copy path under `cfg`.
 pub fn one_copy(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
     match spec.collective {

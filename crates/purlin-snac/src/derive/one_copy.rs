@@ -20,7 +20,7 @@
 //!   each peer that all of this rank's stores are made. Block 0 waits for every peer's done
 //!   before it exits, so when this rank's kernel ends its output is complete.
 //!
-//! Flags: word 0 of the signalling rank's segment is `entry`, word 1 `done`. The verifier models
+//! Flags: the last two words of the signalling rank's segment are `entry` and `done`. The verifier models
 //! the first rule as the owner's host writing its output at launch (a store not ordered after
 //! it is a race) and the second through the output check at the owner's kernel end.
 
@@ -73,14 +73,18 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     if blocks > cfg.max_coresident_blocks {
         return Err(DeriveError::TooManyBlocks { need: blocks as u64, bound: cfg.max_coresident_blocks });
     }
-    // In the segment of the rank that stores the flag (`flag_segment`): entry at word 0,
-    // done at word 1.
+    // The last two words of the signalling rank's segment (`flag_segment`), which staged
+    // plans leave free: a rank that runs a staged plan against this one (its buffers were
+    // not symmetric) never takes these signals for its own, so the call times out.
     let segment = super::flag_segment(cfg, world);
-    if segment < 2 {
-        return Err(DeriveError::FlagsTooFew { need: 2 * world as u64, have: cfg.flag_words });
+    if segment < super::ONE_COPY_FLAGS {
+        return Err(DeriveError::FlagsTooFew {
+            need: super::ONE_COPY_FLAGS as u64 * world as u64,
+            have: cfg.flag_words,
+        });
     }
-    let entry = |from: u32| Index::fixed(from * segment);
-    let done = |from: u32| Index::fixed(from * segment + 1);
+    let entry = |from: u32| Index::fixed((from + 1) * segment - 2);
+    let done = |from: u32| Index::fixed((from + 1) * segment - 1);
     let once = EpochVal::at(1);
     let peers = || (0..world).filter(move |&q| q != rank);
     let wait_entry = |q: u32| Step::Wait { flag: entry(q), value: once, guard: Guard::new(0, 1) };
@@ -117,7 +121,7 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
         }
         plan.blocks.push(BlockProgram { role: Role::Producer, steps });
     }
-    plan.resources.flag_words = (world - 1) * segment + 2;
+    plan.resources.flag_words = world * segment;
     plan.resources.counter_words = 1;
     plan.advance = Advance::Fixed(1);
     Ok(plan)

@@ -278,8 +278,11 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     };
     let own_words = if overwrites_input { x.streams() as u64 * lmax as u64 * slots } else { 0 };
     let segment_words = segment_words.max(own_words);
-    if segment_words > x.segment as u64 {
-        return Err(DeriveError::FlagsTooFew { need: segment_words * world as u64, have: cfg.flag_words });
+    if segment_words + super::ONE_COPY_FLAGS as u64 > x.segment as u64 {
+        return Err(DeriveError::FlagsTooFew {
+            need: (segment_words + super::ONE_COPY_FLAGS as u64) * world as u64,
+            have: cfg.flag_words,
+        });
     }
     plan.resources.flag_words = (world - 1) * x.segment + segment_words as u32;
     plan.resources.counter_words = if shared { 2 * words } else { words } as u32;
