@@ -1148,9 +1148,9 @@ impl Comm {
 
     /// Allocates `len` elements of `T` on every rank at once (a collective call: every rank
     /// calls it, in the same order, with the same `len`) and maps every peer's, like NCCL's
-    /// `ncclMemAlloc` + `ncclCommWindowRegister`. A collective whose output is such a buffer
-    /// may store straight into the peers' outputs ([`crate::symmetric`]). The memory is
-    /// zeroed, and released with the communicator (unless a buffer is still held then).
+    /// `ncclMemAlloc` + `ncclCommWindowRegister`. Collectives on such buffers take the
+    /// one-copy path ([`crate::symmetric`]). The memory is zeroed, and released with the
+    /// communicator (unless a buffer is still held then).
     pub fn alloc_symmetric<T: NcclType>(&self, len: usize) -> Result<SymmetricBuffer<T>, Error> {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).filter(|&b| b > 0).ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -1293,7 +1293,10 @@ impl Comm {
         // checked (in place: one buffer that holds the plan's input and output at their alias
         // offsets, checked by `collective_in_place`), kept alive by the caller's borrow until the launch
         // is enqueued and ordered by cudarc's stream events; the workspace addresses are
-        // every rank's live workspace, mapped here until teardown, which synchronises first.
+        // every rank's live workspace, mapped here until teardown, which synchronises first;
+        // peer inputs and outputs are symmetric allocations of this communicator, mapped here
+        // until teardown, each holding what the spec has every rank read or write there
+        // (`symmetric_at`), accessed by the plan only between the peer's entry and exit.
         unsafe { self.exec.launch(&self.stream, &prepared.plan, &prepared.params, &rt) }?;
         Ok(Status::Success)
     }
@@ -1360,13 +1363,19 @@ impl Comm {
         let symmetric = std::mem::take(&mut *self.symmetric.lock().unwrap_or_else(|e| e.into_inner()));
         match std::mem::replace(&mut self.owner, Owner::Peer(None)) {
             Owner::Ipc(Some((ws, mut backend))) => {
-                // Symmetric buffers first, in allocation order (the same on every rank).
-                let mut leaked = 0;
+                // Symmetric buffers first, in allocation order (the same on every rank); after a
+                // failed meeting the rest are left allocated without meeting again (each
+                // meeting would wait out the timeout).
+                let (mut leaked, mut met) = (0, true);
                 for r in symmetric {
-                    if let Some((alloc, mut b)) = r.alloc {
-                        // A buffer still held keeps its memory (reported as leaked).
-                        leaked += alloc.release(&self.host, &mut b, Arc::strong_count(&r.mem) > 1).leaked_bytes;
+                    let Some((alloc, mut b)) = r.alloc else { continue };
+                    if !met {
+                        leaked += alloc.abandon(&mut b);
+                        continue;
                     }
+                    // A buffer still held keeps its memory (reported as leaked).
+                    let report = alloc.release(&self.host, &mut b, Arc::strong_count(&r.mem) > 1);
+                    (leaked, met) = (leaked + report.leaked_bytes, report.met_peers);
                 }
                 let mut report = ws.release(&self.host, &mut backend);
                 report.leaked_bytes += leaked;

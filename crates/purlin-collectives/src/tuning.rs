@@ -136,9 +136,10 @@ impl Default for Tuning {
             // 1 MiB 9.19 against 9.61, 2 MiB 12.54 against 11.71.
             device_params_max_bytes: 1 << 20,
             max_blocks: None,
-            // Not measured on a GPU pair yet. The same SMs as the staged path's 16 writers
-            // and 32 readers would leave the writers, which now also copy the own part,
-            // within the per-SM copy rate (~48 GB/s, round 61) at 32.
+            // Not measured on a GPU pair yet. On one H200 shared by both ranks (rounds
+            // 69-70), 32 blocks took a 256 MiB AllGather in 295 µs against 394 on 16 (staged:
+            // 473 on 16 + 16), an AllReduce in place in 360 against 479 (staged: 807); each
+            // block copies ~43 GB/s there, near the per-SM rate (~48 GB/s, round 61).
             one_copy_blocks: 32,
         }
     }

@@ -393,6 +393,17 @@ impl<B: SymmetricBackend> SymmetricAlloc<B> {
         self.discard(backend);
     }
 
+    /// Gives up on meeting the peers (an earlier teardown meeting failed): unmaps their
+    /// memory, which never touches it, and leaves this rank's allocated, since a peer may
+    /// still map it. Returns the bytes left allocated.
+    pub(crate) fn abandon(mut self, backend: &mut B) -> usize {
+        for r in self.remotes.iter_mut().filter_map(Option::take) {
+            backend.close(r);
+        }
+        std::mem::forget(self.local.take());
+        self.bytes
+    }
+
     /// Bytes per rank.
     pub fn bytes(&self) -> usize {
         self.bytes

@@ -11,18 +11,20 @@
 //! Reductions pull instead: each rank reduces the part of the output it owns straight from
 //! every rank's input, and an AllReduce stores its reduced shard into every peer's output.
 //!
-//! Two notifications per pair of ranks bound the stores to the call (flags `E + 1`, advance 1):
-//! - *entry*: block 0 of every rank signals each peer at entry. A peer's output is free only
-//!   once the peer's stream has reached this call (before that, the peer's earlier work may
-//!   still read it), so every block waits for the destination's entry before its first store
-//!   there (at chunk 0).
-//! - *done*: every block arrives on one counter after its last store; the last arrival signals
-//!   each peer that all of this rank's stores are made. Block 0 waits for every peer's done
-//!   before it exits, so when this rank's kernel ends its output is complete.
+//! Two notifications per pair of ranks bound every access to a peer's buffers to the call
+//! (flags `E + 1`, advance 1):
+//! - *entry*: block 0 of every rank signals each peer at entry. A peer's buffers are this
+//!   call's only once the peer's stream has reached it (before that, its earlier work may
+//!   still read its output, or not yet have written its input), so every block waits for a
+//!   peer's entry before its first access there (at chunk 0).
+//! - *done*: every block arrives on one counter after its last access; the last arrival
+//!   signals each peer. Block 0 waits for every peer's done before it exits, so when this
+//!   rank's kernel ends its output is complete and no peer reads its input any more.
 //!
-//! Flags: the last two words of the signalling rank's segment are `entry` and `done`. The verifier models
-//! the first rule as the owner's host writing its output at launch (a store not ordered after
-//! it is a race) and the second through the output check at the owner's kernel end.
+//! Flags: the last two words of the signalling rank's segment are `entry` and `done`. The
+//! verifier models the first rule as the owner's host writing its input and output at launch
+//! (an access not ordered after it is a race or a readiness violation) and the second through
+//! the output check at the owner's kernel end and the host's next write.
 
 use super::{PlanConfig, empty_non_v, empty_plan};
 use crate::plan::{
