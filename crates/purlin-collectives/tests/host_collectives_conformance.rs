@@ -171,6 +171,44 @@ fn gathered(spec: &CollectiveSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The small staged throughput configuration the one-copy host tests run between one-copy
+/// calls (1 KiB chunks, two slots), and the host world that fits it.
+fn small_staged() -> PlanConfig {
+    PlanConfig {
+        regime: Regime::Throughput,
+        chunk_bytes: 1024,
+        blocks_per_role: 2,
+        slots: 2,
+        staging_bytes: 1 << 16,
+        window_bytes: 1 << 16,
+        ..PlanConfig::default()
+    }
+}
+
+fn small_world(world: usize) -> HostWorld {
+    let mem = HostMemoryConfig { staging_bytes: 1 << 16, window_bytes: 1 << 16, ..HostMemoryConfig::default() };
+    HostWorld::new(world, mem, Duration::from_secs(10))
+}
+
+/// Runs `spec` one-copy, staged, then one-copy again on `host` (the three share flag and
+/// counter words); every rank's output must equal `want` after each call.
+fn one_copy_between_staged(
+    host: &HostWorld,
+    spec: &CollectiveSpec,
+    one_copy: PlanConfig,
+    x: &[Vec<u8>],
+    want: &[Vec<u8>],
+) {
+    for (k, cfg) in [one_copy, small_staged(), one_copy].iter().enumerate() {
+        let plans = derive(spec, cfg).expect("derive");
+        let mut outputs: Vec<Vec<u8>> = want.iter().map(|o| vec![0xA5; o.len()]).collect();
+        for r in execute_on_host(host, &plans, x, &mut outputs, false) {
+            r.unwrap_or_else(|e| panic!("{:?} w{} call {k}: {e}", spec.collective, spec.world));
+        }
+        assert_eq!(outputs, want, "{:?} w{} call {k}", spec.collective, spec.world);
+    }
+}
+
 /// One-copy plans (every rank's output registered: writers store straight into the peers'
 /// outputs) move real bytes on the host executor: AllGather, AllToAll and their V forms on
 /// worlds 2-4, back to back with staged calls that share the flag and counter words; and the
@@ -193,31 +231,14 @@ fn one_copy_plans_move_every_byte_once() {
                 (0..w).map(|s| (0..w).map(|d| ((s * 7 + d * 13) % 5) as u64 * 300).collect()).collect(),
             ),
         ];
-        let mem = HostMemoryConfig { staging_bytes: 1 << 16, window_bytes: 1 << 16, ..HostMemoryConfig::default() };
-        let host = HostWorld::new(w, mem, Duration::from_secs(10));
+        let host = small_world(w);
         for spec in specs {
-            let staged = PlanConfig {
-                regime: Regime::Throughput,
-                chunk_bytes: 1024,
-                blocks_per_role: 2,
-                slots: 2,
-                staging_bytes: 1 << 16,
-                window_bytes: 1 << 16,
-                ..PlanConfig::default()
-            };
-            let one_copy = PlanConfig { peer_outputs: true, blocks_per_role: 4, ..staged };
+            let one_copy = PlanConfig { peer_outputs: true, blocks_per_role: 4, ..small_staged() };
             let x: Vec<Vec<u8>> = (0..world)
                 .map(|r| (0..spec.input_bytes(r)).map(|i| ((r as u64 * 97 + i * 31) % 251) as u8).collect())
                 .collect();
             let want = gathered(&spec, &x);
-            for (k, cfg) in [one_copy, staged, one_copy].iter().enumerate() {
-                let plans = derive(&spec, cfg).expect("derive");
-                let mut outputs: Vec<Vec<u8>> = want.iter().map(|o| vec![0xA5; o.len()]).collect();
-                for r in execute_on_host(&host, &plans, &x, &mut outputs, false) {
-                    r.unwrap_or_else(|e| panic!("{:?} w{world} call {k}: {e}", spec.collective));
-                }
-                assert_eq!(outputs, want, "{:?} w{world} call {k}", spec.collective);
-            }
+            one_copy_between_staged(&host, &spec, one_copy, &x, &want);
             let mut shifted = derive(&spec, &one_copy).expect("derive");
             let is_peer_store =
                 |s: &Step| matches!(s, Step::Gather { dst, .. } if matches!(dst.space, Space::PeerOutput(_)));
@@ -307,19 +328,9 @@ fn one_copy_reductions_pull_from_every_input() {
             CollectiveSpec::reduce_scatter_v(world, DataType::U32, ReduceOp::Sum, [600, 0, 90, 256][..w].to_vec()),
             CollectiveSpec::all_reduce(world, DataType::U32, ReduceOp::Sum, 1900),
         ];
-        let mem = HostMemoryConfig { staging_bytes: 1 << 16, window_bytes: 1 << 16, ..HostMemoryConfig::default() };
-        let host = HostWorld::new(w, mem, Duration::from_secs(10));
+        let host = small_world(w);
         for spec in specs {
-            let staged = PlanConfig {
-                regime: Regime::Throughput,
-                chunk_bytes: 1024,
-                blocks_per_role: 2,
-                slots: 2,
-                staging_bytes: 1 << 16,
-                window_bytes: 1 << 16,
-                ..PlanConfig::default()
-            };
-            let one_copy = PlanConfig { peer_inputs: true, peer_outputs: true, blocks_per_role: 4, ..staged };
+            let one_copy = PlanConfig { peer_inputs: true, peer_outputs: true, blocks_per_role: 4, ..small_staged() };
             let x: Vec<Vec<u8>> = (0..world)
                 .map(|r| {
                     (0..spec.input_bytes(r) / 4)
@@ -343,14 +354,7 @@ fn one_copy_reductions_pull_from_every_input() {
                     out
                 })
                 .collect();
-            for (k, cfg) in [one_copy, staged, one_copy].iter().enumerate() {
-                let plans = derive(&spec, cfg).expect("derive");
-                let mut outputs: Vec<Vec<u8>> = want.iter().map(|o| vec![0xA5; o.len()]).collect();
-                for r in execute_on_host(&host, &plans, &x, &mut outputs, false) {
-                    r.unwrap_or_else(|e| panic!("{:?} w{world} call {k}: {e}", spec.collective));
-                }
-                assert_eq!(outputs, want, "{:?} w{world} call {k}", spec.collective);
-            }
+            one_copy_between_staged(&host, &spec, one_copy, &x, &want);
         }
     }
 }
@@ -362,15 +366,7 @@ fn one_copy_reductions_pull_from_every_input() {
 fn one_copy_against_staged_times_out_and_writes_no_peer_part() {
     let (world, n) = (2usize, 3000usize);
     let spec = CollectiveSpec::all_gather(world as u32, DataType::U8, n as u64);
-    let staged = PlanConfig {
-        regime: Regime::Throughput,
-        chunk_bytes: 1024,
-        blocks_per_role: 2,
-        slots: 2,
-        staging_bytes: 1 << 16,
-        window_bytes: 1 << 16,
-        ..PlanConfig::default()
-    };
+    let staged = small_staged();
     let one_copy = PlanConfig { peer_outputs: true, ..staged };
     let plans = vec![
         purlin_snac::derive_rank(&spec, &one_copy, 0).expect("one-copy plan"),
