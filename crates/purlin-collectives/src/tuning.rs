@@ -349,7 +349,15 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
     // Lanes must divide both block counts (which the clamps above may have changed).
     cfg.lanes =
         tuning.lanes.filter(|&n| n > 0 && purlin_snac::gcd(cfg.blocks_per_role, cfg.consumer_blocks()) % n == 0);
-    let split = band_bytes(spec).div_ceil(tuning.min_chunks.max(1)).max(tuning.min_chunk_bytes);
+    let split = if purlin_snac::derive::one_copy(spec, &cfg) {
+        // No slots to pipeline through: one chunk per transfer (about `band / world` bytes)
+        // gives every block a slice; the 4 MiB floor of staged chunks left most blocks idle
+        // below ~64 MiB (round 72: a 1 MiB AllGather took 15 µs on 4 of 32 blocks). Chunks stay
+        // within `chunk_bytes`, so an AllReduce's reduced slice is still in L2 when pushed.
+        band_bytes(spec).div_ceil(u64::from(spec.world))
+    } else {
+        band_bytes(spec).div_ceil(tuning.min_chunks.max(1)).max(tuning.min_chunk_bytes)
+    };
     let wanted = tuning.chunk_bytes.min(split);
     // Rounded down, never up: a chunk a few bytes over the table's size (16 MiB + 224 B with
     // 6 writers and 10 readers) leaves one slot per sense half where two fit, and writers
@@ -610,6 +618,26 @@ mod tests {
             let plan = plan_for(&spec, 0, false, &capped, &limits).unwrap();
             assert_eq!(stage_slots(&plan), stage_slots(&default), "{:?}", spec.collective);
             assert_eq!(stage_slots(&plan), Some(2), "{:?}", spec.collective);
+        }
+    }
+
+    /// A one-copy call cuts each transfer into one chunk per block slice (no staged 4 MiB
+    /// floor), up to `chunk_bytes`: every writer block gets bytes.
+    #[test]
+    fn one_copy_chunks_give_every_block_a_slice() {
+        let limits = PlanLimits { peer_outputs: true, peer_inputs: true, ..limits() };
+        let forced = Tuning { regime: Some(Regime::Throughput), ..Tuning::default() };
+        for (spec, per_transfer) in [
+            (CollectiveSpec::all_gather(2, DataType::F32, 128 << 10), 512u64 << 10),
+            (CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, 1 << 20), 2 << 20),
+            (CollectiveSpec::all_gather(2, DataType::F32, 64 << 20), 256 << 20),
+        ] {
+            let cfg = plan_config(&spec, false, &forced, &limits);
+            assert!(purlin_snac::derive::one_copy(&spec, &cfg), "{spec:?}");
+            let slice = cfg.chunk_bytes / u64::from(cfg.blocks_per_role);
+            assert!(cfg.chunk_bytes <= Tuning::default().chunk_bytes, "{spec:?}: chunk {}", cfg.chunk_bytes);
+            let last_block_starts_at = (u64::from(cfg.blocks_per_role) - 1) * slice;
+            assert!(last_block_starts_at < per_transfer, "{spec:?}: the last block gets no bytes ({cfg:?})");
         }
     }
 }
