@@ -29,7 +29,9 @@
 //! by a call (counters reset themselves, see `Arrive`). When the runtime registered every
 //! rank's output (symmetric memory, [`PlanConfig::peer_outputs`]), `PeerOutput(r)` names rank
 //! `r`'s output as mapped here, in `r`'s output coordinates (same alias as `r`'s `Output`);
-//! only a `Gather` may write it, and only a `Reduce` read it.
+//! only a `Gather` may write it, and nothing reads it. `PeerInput(r)` is rank `r`'s
+//! registered input (`PlanConfig::peer_inputs`), which `Gather` and `Reduce` steps read and
+//! nothing writes.
 //!
 //! **Epoch and sense.** At entry, block `b` reads `E = epoch[b]`; `s = E & 1` is the sense.
 //! Every epoch-valued field ([`EpochVal`]) means `E + c * chunk_mul + add`. At exit, after its

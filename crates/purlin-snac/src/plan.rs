@@ -61,10 +61,9 @@ pub enum Space {
     /// decides the physical footprint).
     Window(u32),
     /// Rank `r`'s output buffer, registered on every rank (symmetric memory), in `r`'s output
-    /// coordinates. Only the one-copy path uses it: `Gather` destinations, and `Reduce`
-    /// sources (an AllReduce in place reads its shard from every peer's buffer). A peer's
-    /// buffer is this call's only from the peer's entry into the call until its exit, which
-    /// the plan must order its accesses within.
+    /// coordinates; written only, by `Gather` steps of the one-copy path. A peer's buffers are
+    /// this call's only from the peer's entry into the call until its exit, which the plan
+    /// must order its accesses within.
     PeerOutput(u32),
     /// Rank `r`'s input buffer, registered on every rank (symmetric memory), in `r`'s input
     /// coordinates; read only (`Gather` and `Reduce` sources of the one-copy path, which pull
@@ -704,8 +703,8 @@ impl Plan {
             Step::Stage { src, .. } | Step::PutPackets { src, .. } if peer_out(src) => {
                 return Err("a peer's output is only written, never read".into());
             }
-            Step::Reduce { dst, .. } if peer_out(dst) => {
-                return Err("only a gather may write a peer's output".into());
+            Step::Reduce { dst, srcs, .. } if peer_out(dst) || srcs.iter().any(peer_out) => {
+                return Err("only a gather may write a peer's output, and nothing reads it".into());
             }
             _ => {}
         }

@@ -560,3 +560,52 @@ fn calls_of_different_geometry_keep_their_flags_apart() {
         }
     }
 }
+
+/// A peer's registered output is only written (by gathers), a peer's registered input only
+/// read (by gathers and reduces): `Plan::check` rejects the other uses of a one-copy plan's
+/// steps.
+#[test]
+fn peer_buffers_keep_their_direction() {
+    let cfg = PlanConfig { peer_outputs: true, peer_inputs: true, ..small(Regime::Throughput, StagingSide::Peer, 1) };
+    let spec = spec_of(Collective::AllReduce, 2, DataType::U8, 64, vec![]);
+    let good = plans(&spec, &cfg);
+    assert!(good.iter().all(|p| p.check().is_ok()));
+    let reads_peer_input = |s: &Step| matches!(s, Step::Reduce { srcs, .. } if srcs.iter().any(|x| matches!(x.space, Space::PeerInput(_))));
+    let mutants: [(&str, fn(&mut Step)); 2] = [
+        ("a reduce that reads a peer's output", |s| {
+            if let Step::Reduce { srcs, .. } = s {
+                for x in srcs.iter_mut().filter(|x| matches!(x.space, Space::PeerInput(_))) {
+                    if let Space::PeerInput(q) = x.space {
+                        x.space = Space::PeerOutput(q);
+                    }
+                }
+            }
+        }),
+        ("a reduce that writes a peer's input", |s| {
+            if let Step::Reduce { dst, srcs, .. } = s {
+                if let Some(Space::PeerInput(q)) =
+                    srcs.iter().map(|x| x.space).find(|sp| matches!(sp, Space::PeerInput(_)))
+                {
+                    dst.space = Space::PeerInput(q);
+                }
+            }
+        }),
+    ];
+    for (what, mutate) in mutants {
+        let mut bad = good[0].clone();
+        let mut changed = false;
+        for block in &mut bad.blocks {
+            for step in &mut block.steps {
+                if let Step::ChunkLoop { body, .. } = step {
+                    for s in body.iter_mut().filter(|s| reads_peer_input(s)) {
+                        mutate(s);
+                        changed = true;
+                    }
+                }
+            }
+        }
+        assert!(changed, "{what}: nothing to mutate");
+        let err = bad.check().expect_err(what);
+        println!("{what}: {err}");
+    }
+}
