@@ -571,7 +571,8 @@ fn peer_buffers_keep_their_direction() {
     let good = plans(&spec, &cfg);
     assert!(good.iter().all(|p| p.check().is_ok()));
     let reads_peer_input = |s: &Step| matches!(s, Step::Reduce { srcs, .. } if srcs.iter().any(|x| matches!(x.space, Space::PeerInput(_))));
-    let mutants: [(&str, fn(&mut Step)); 2] = [
+    type StepEdit = (&'static str, fn(&mut Step));
+    let mutants: [StepEdit; 2] = [
         ("a reduce that reads a peer's output", |s| {
             if let Step::Reduce { srcs, .. } = s {
                 for x in srcs.iter_mut().filter(|x| matches!(x.space, Space::PeerInput(_))) {
