@@ -191,12 +191,7 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
             "# {collective}  {}  {}  {mode}{}  (size = {}){}",
             first.dtype,
             first.op.map_or("none", |o| o.name()),
-            match (first.in_place, first.symmetric) {
-                (true, true) => "  in place, purlin buffers symmetric",
-                (true, false) => "  in place",
-                (false, true) => "  purlin buffers symmetric",
-                (false, false) => "",
-            },
+            if first.in_place || first.symmetric { format!("  {}", first.placement()) } else { String::new() },
             collective.bytes_meaning(),
             if first.executor == Executor::Host { format!("  [{}]", Executor::Host.label()) } else { String::new() }
         );
@@ -303,12 +298,7 @@ pub fn csv(rows: &[Row], meta: &Meta) -> String {
                 ss,
                 r.executor.label(),
                 blocks,
-                match (r.in_place, r.symmetric) {
-                    (true, true) => "in-place symmetric",
-                    (true, false) => "in-place",
-                    (false, true) => "out-of-place symmetric",
-                    (false, false) => "out-of-place",
-                },
+                r.placement(),
                 reason
             );
         }

@@ -203,6 +203,16 @@ pub struct Row {
 }
 
 impl Row {
+    /// How Purlin's buffers were placed: the CSV's `placement` column and the table title.
+    pub fn placement(&self) -> &'static str {
+        match (self.in_place, self.symmetric) {
+            (true, true) => "in-place symmetric",
+            (true, false) => "in-place",
+            (false, true) => "out-of-place symmetric",
+            (false, false) => "out-of-place",
+        }
+    }
+
     /// The cell of `backend`.
     pub fn cell(&self, backend: BackendKind) -> Option<&Cell> {
         self.cells.iter().find(|c| c.backend == backend)

@@ -1099,26 +1099,10 @@ impl Comm {
         self.launch_prepared(&prepared, input, output, &peers)
     }
 
-    /// Every rank's buffer as mapped here when `ptr` is the base of one of this
-    /// communicator's symmetric buffers, each of which must hold `need(rank)` bytes (peers
-    /// access every rank's), else `None`.
-    fn symmetric_at(&self, ptr: u64, need: impl Fn(u32) -> u64, what: &str) -> Result<Option<Vec<u64>>, Error> {
-        let records = self.symmetric.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(m) = records.iter().map(|r| &r.mem).find(|m| m.addrs[self.rank] == ptr) else { return Ok(None) };
-        if let Some(q) = (0..self.world as u32).find(|&q| need(q) > m.bytes as u64) {
-            return Err(Error::InvalidArgument(format!(
-                "a symmetric buffer of {} bytes as the {what}: rank {q}'s needs {} bytes, and peers access every \
-                 rank's buffer",
-                m.bytes,
-                need(q)
-            )));
-        }
-        Ok(Some(m.addrs.clone()))
-    }
-
     /// Which of a call's buffers are symmetric (the one-copy path), with every rank's as
     /// mapped here: out of place, `input` and `output` each; in place, the one buffer at
     /// `output`, which holds every rank's input and output at the offsets of NCCL's convention.
+    /// Every call asks, so a communicator without symmetric buffers answers after one lock.
     pub(crate) fn peer_buffers(
         &self,
         spec: &CollectiveSpec,
@@ -1126,24 +1110,48 @@ impl Comm {
         input: u64,
         output: u64,
     ) -> Result<PeerBuffers, Error> {
+        let records = self.symmetric.lock().unwrap_or_else(|e| e.into_inner());
+        if records.is_empty() {
+            return Ok(PeerBuffers::default());
+        }
+        // Every rank's base of the symmetric buffer at `ptr`, each of which must hold
+        // `need(rank)` bytes (peers access every rank's), shifted by `shift(rank)`.
+        let at = |ptr: u64, need: &dyn Fn(u32) -> u64, shift: &dyn Fn(u32) -> u64, what: &str| {
+            let Some(m) = records.iter().map(|r| &r.mem).find(|m| m.addrs[self.rank] == ptr) else { return Ok(None) };
+            if let Some(q) = (0..self.world as u32).find(|&q| need(q) > m.bytes as u64) {
+                return Err(Error::InvalidArgument(format!(
+                    "a symmetric buffer of {} bytes as the {what}: rank {q}'s needs {} bytes, and peers access every \
+                     rank's buffer",
+                    m.bytes,
+                    need(q)
+                )));
+            }
+            let mut bases = [0; crate::exec_device::MAX_WORLD];
+            for (q, (b, a)) in bases.iter_mut().zip(&m.addrs).enumerate() {
+                *b = a + shift(q as u32);
+            }
+            Ok(Some(bases))
+        };
         if !in_place {
             return Ok(PeerBuffers {
-                inputs: self.symmetric_at(input, |q| spec.input_bytes(q), "input")?,
-                outputs: self.symmetric_at(output, |q| spec.output_bytes(q), "output")?,
+                inputs: at(input, &|q| spec.input_bytes(q), &|_| 0, "input")?,
+                outputs: at(output, &|q| spec.output_bytes(q), &|_| 0, "output")?,
             });
         }
         // (input offset, output offset) of rank `q`'s buffer.
-        let at = |q: u32| match purlin_snac::in_place_alias(spec, q) {
+        let offsets = |q: u32| match purlin_snac::in_place_alias(spec, q) {
             Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
             Some(purlin_snac::Alias::OutputInInput(o)) => (0, o),
             None => (0, 0),
         };
-        let need = |q: u32| (at(q).0 + spec.input_bytes(q)).max(at(q).1 + spec.output_bytes(q));
-        let Some(bases) = self.symmetric_at(output, need, "buffer")? else { return Ok(PeerBuffers::default()) };
-        let shifted = |pick: fn((u64, u64)) -> u64| -> Vec<u64> {
-            bases.iter().enumerate().map(|(q, b)| b + pick(at(q as u32))).collect()
+        let need = |q: u32| {
+            let (i, o) = offsets(q);
+            (i + spec.input_bytes(q)).max(o + spec.output_bytes(q))
         };
-        Ok(PeerBuffers { inputs: Some(shifted(|a| a.0)), outputs: Some(shifted(|a| a.1)) })
+        Ok(PeerBuffers {
+            inputs: at(output, &need, &|q| offsets(q).0, "buffer")?,
+            outputs: at(output, &need, &|q| offsets(q).1, "buffer")?,
+        })
     }
 
     /// Allocates `len` elements of `T` on every rank at once (a collective call: every rank
@@ -1283,11 +1291,11 @@ impl Comm {
             return Err(Error::Poisoned(why));
         }
         let mut rt = self.runtime(input, output);
-        if let Some(p) = &peers.outputs {
-            rt.peer_output[..p.len()].copy_from_slice(p);
+        if let Some(p) = peers.outputs {
+            rt.peer_output = p;
         }
-        if let Some(p) = &peers.inputs {
-            rt.peer_input[..p.len()].copy_from_slice(p);
+        if let Some(p) = peers.inputs {
+            rt.peer_input = p;
         }
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
@@ -1296,7 +1304,7 @@ impl Comm {
         // every rank's live workspace, mapped here until teardown, which synchronises first;
         // peer inputs and outputs are symmetric allocations of this communicator, mapped here
         // until teardown, each holding what the spec has every rank read or write there
-        // (`symmetric_at`), accessed by the plan only between the peer's entry and exit.
+        // (`peer_buffers`), accessed by the plan only between the peer's entry and exit.
         unsafe { self.exec.launch(&self.stream, &prepared.plan, &prepared.params, &rt) }?;
         Ok(Status::Success)
     }
@@ -1425,8 +1433,8 @@ type PlanKey = (CollectiveSpec, bool, bool, bool);
 /// Every rank's input and output as mapped here, where a call's are symmetric buffers.
 #[derive(Debug, Default)]
 pub(crate) struct PeerBuffers {
-    pub(crate) inputs: Option<Vec<u64>>,
-    pub(crate) outputs: Option<Vec<u64>>,
+    pub(crate) inputs: Option<[u64; crate::exec_device::MAX_WORLD]>,
+    pub(crate) outputs: Option<[u64; crate::exec_device::MAX_WORLD]>,
 }
 
 impl PeerBuffers {

@@ -119,7 +119,7 @@ pub struct CallBuffers {
 }
 
 impl CallBuffers {
-    /// A call's own input and output, with no peer outputs registered.
+    /// A call's own input and output, with no peer's registered.
     pub fn new(input: *const u8, input_len: usize, output: *mut u8, output_len: usize) -> Self {
         let none = [(std::ptr::null_mut(), 0); crate::exec_device::MAX_WORLD];
         CallBuffers { input, input_len, output, output_len, peer_outputs: none, peer_inputs: none }

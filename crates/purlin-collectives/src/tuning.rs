@@ -80,10 +80,9 @@ pub struct Tuning {
     /// their blocks between writers and readers by the traffic each side moves
     /// ([`role_split`]).
     pub max_blocks: Option<u32>,
-    /// Writer blocks of a one-copy call (`PURLIN_ONE_COPY_BLOCKS`): an AllGather, AllToAll or
-    /// V form whose output is registered symmetric memory ([`crate::SymmetricBuffer`]) stores
-    /// straight into the peers' outputs, one role of blocks, within `max_blocks`. 0: such
-    /// calls stay staged.
+    /// Blocks of a one-copy call (`PURLIN_ONE_COPY_BLOCKS`), one role, within `max_blocks`: a
+    /// call on symmetric buffers ([`crate::SymmetricBuffer`]) that stores straight into the
+    /// peers' outputs or reduces straight from their inputs. 0: such calls stay staged.
     pub one_copy_blocks: u32,
 }
 
@@ -339,17 +338,18 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
     };
     if regime == Regime::Throughput && tuning.one_copy_blocks > 0 {
         (cfg.peer_outputs, cfg.peer_inputs) = (limits.peer_outputs, limits.peer_inputs);
-        if purlin_snac::derive::one_copy(spec, &cfg) {
-            // One role of writers: the staged roles' knobs do not apply.
-            let max = tuning.max_blocks.unwrap_or(u32::MAX).min(limits.max_coresident_blocks);
-            cfg.blocks_per_role = tuning.one_copy_blocks.clamp(1, max.max(1));
-            cfg.consumer_blocks_per_role = None;
-        }
+    }
+    let one_copy = purlin_snac::derive::one_copy(spec, &cfg);
+    if one_copy {
+        // One role of blocks: the staged roles' knobs do not apply.
+        let max = tuning.max_blocks.unwrap_or(u32::MAX).min(limits.max_coresident_blocks);
+        cfg.blocks_per_role = tuning.one_copy_blocks.clamp(1, max.max(1));
+        cfg.consumer_blocks_per_role = None;
     }
     // Lanes must divide both block counts (which the clamps above may have changed).
     cfg.lanes =
         tuning.lanes.filter(|&n| n > 0 && purlin_snac::gcd(cfg.blocks_per_role, cfg.consumer_blocks()) % n == 0);
-    let split = if purlin_snac::derive::one_copy(spec, &cfg) {
+    let split = if one_copy {
         // No slots to pipeline through: one chunk per transfer (about `band / world` bytes)
         // gives every block a slice; the 4 MiB floor of staged chunks left most blocks idle
         // below ~64 MiB (round 72: a 1 MiB AllGather took 15 µs on 4 of 32 blocks). Chunks stay

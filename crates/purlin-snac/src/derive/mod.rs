@@ -99,8 +99,8 @@ pub struct PlanConfig {
     /// Every rank's output is registered memory every rank can address at the same offset
     /// (NCCL's symmetric windows): the throughput regime's AllGather, AllToAll and their V
     /// forms then store straight into the peers' outputs (`Space::PeerOutput`, one copy per
-    /// byte, `blocks_per_role` writer blocks, no staging), and an AllReduce in place reduces
-    /// its shard from every rank's buffer and stores it into each. Other collectives ignore it.
+    /// byte, `blocks_per_role` writer blocks, no staging); an AllReduce does so with its
+    /// reduced shard when `peer_inputs` is set too. Other collectives ignore it.
     pub peer_outputs: bool,
     /// Every rank's input is registered memory every rank can address (`Space::PeerInput`):
     /// the throughput regime's ReduceScatter and its V form then reduce their part straight

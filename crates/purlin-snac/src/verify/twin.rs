@@ -267,17 +267,13 @@ pub fn twin(calls: &[Vec<Plan>], sense: &[u64]) -> Twin {
         match twins {
             Some(ts) if ts.iter().any(|(_, cut)| *cut) => {
                 let s = sense.get(k).copied().unwrap_or(0);
+                let cut: Vec<Plan> = ts.into_iter().map(|(p, _)| p).collect();
                 // Output coordinates: an in-place alias shifts both plans alike. Every rank's
                 // plan may write rank `r`'s output (one-copy plans store into peers').
-                let writes = |set: &mut dyn Iterator<Item = &Plan>, r: u32| {
-                    normalize(set.flat_map(|p| output_writes(p, r, s)).collect())
-                };
-                tw.skip.push(
-                    (0..plans.len() as u32)
-                        .map(|r| minus(&writes(&mut plans.iter(), r), &writes(&mut ts.iter().map(|(q, _)| q), r)))
-                        .collect(),
-                );
-                tw.calls.push(ts.into_iter().map(|(p, _)| p).collect());
+                let writes =
+                    |set: &[Plan], r: u32| normalize(set.iter().flat_map(|p| output_writes(p, r, s)).collect());
+                tw.skip.push((0..plans.len() as u32).map(|r| minus(&writes(plans, r), &writes(&cut, r))).collect());
+                tw.calls.push(cut);
                 tw.cutoff = Some(tw.cutoff.map_or(t, |x: u64| x.max(t)));
             }
             _ => {
