@@ -1180,6 +1180,99 @@ impl Comm {
         Ok(SymmetricBuffer::new(mem, self.stream.clone(), len))
     }
 
+    /// Frees a symmetric buffer on every rank at once, like NCCL's `ncclCommWindowDeregister`
+    /// followed by `ncclMemFree`: a collective call (every rank calls it, in the same order,
+    /// with its handle of the same allocation). It waits for this rank's work on the communicator's
+    /// stream and meets the peers, so no rank's collective still reads or writes the memory
+    /// when it is freed; work on other streams is the caller's to finish first.
+    ///
+    /// Refused on every rank, freeing nothing, where a rank's buffer is not one of this
+    /// communicator's, is not the allocation its peers free, or is still shown by another
+    /// handle there ([`SymmetricBuffer::view_as`]); the memory then stays with the
+    /// communicator until its teardown, and the other handles keep working.
+    pub fn free_symmetric<T: NcclType>(&self, buffer: SymmetricBuffer<T>) -> Result<(), Error> {
+        const DURING: &str = "freeing a symmetric buffer";
+        let mem = buffer.mem().clone();
+        drop(buffer);
+        // This rank's records and, in a single-process group, the group's list hold it too.
+        let bookkeeping = 2 + usize::from(matches!(self.owner, Owner::Group(_)));
+        let index = {
+            let records = self.symmetric.lock().unwrap_or_else(|e| e.into_inner());
+            records.iter().position(|r| Arc::ptr_eq(&r.mem, &mem))
+        };
+        let mine = match index {
+            None => Err(Error::InvalidArgument("not a symmetric buffer of this communicator".into())),
+            Some(_) if Arc::strong_count(&mem) > bookkeeping => Err(Error::InvalidArgument(format!(
+                "{} other handles still show this symmetric buffer",
+                Arc::strong_count(&mem) - bookkeeping
+            ))),
+            Some(i) => Ok(i),
+        };
+        // Allocations are listed in the same order on every rank: the same index is the same
+        // allocation.
+        let wire = index.map_or(u64::MAX, |i| i as u64).to_le_bytes();
+        let indices = self.host.all_gather(&wire, &format!("{DURING}: which one"))?;
+        let mine = mine.and_then(|i| match indices.iter().position(|w| *w != wire) {
+            Some(peer) => Err(Error::Mismatch {
+                rank: self.rank,
+                peer,
+                what: format!("which symmetric buffer to free (this rank: allocation {i})"),
+            }),
+            None => Ok(i),
+        });
+        let index = agree(&self.host, mine, DURING)?;
+        let record = self.symmetric.lock().unwrap_or_else(|e| e.into_inner()).remove(index);
+        drop(mem);
+        // Every rank's kernels on it end before any rank frees it: each waits for its own,
+        // then meets the others.
+        let synced = self.stream.synchronize().map_err(driver("cuStreamSynchronize"));
+        match (&self.owner, record.alloc) {
+            (_, Some((alloc, mut backend))) => {
+                if let Err(e) = synced {
+                    alloc.abandon(&mut backend);
+                    return Err(e);
+                }
+                let (_, error) = alloc.meet_and_free(&self.host, &mut backend, false, DURING);
+                error.map_or(Ok(()), Err)
+            }
+            (Owner::Group(group), None) => {
+                // Left in the group's list on failure: the group frees it once every GPU of
+                // the group is synchronised.
+                synced?;
+                self.host.barrier(&format!("{DURING}: device work done"))?;
+                let mut list = group.symmetric.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(at) = list.iter().position(|(_, _, m)| Arc::ptr_eq(m, &record.mem)) {
+                    let (alloc, mut backend, _) = list.remove(at);
+                    drop(list);
+                    alloc.discard_now(&mut backend, false);
+                }
+                Ok(())
+            }
+            (_, None) => Ok(()),
+        }
+    }
+
+    /// [`Comm::free_symmetric`] on every communicator of a single-process group at once (one
+    /// thread per rank): `buffers[r]` is rank `r`'s handle.
+    pub fn free_symmetric_group<T: NcclType>(comms: &[Comm], buffers: Vec<SymmetricBuffer<T>>) -> Result<(), Error> {
+        if buffers.len() != comms.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} symmetric buffers for {} communicators",
+                buffers.len(),
+                comms.len()
+            )));
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> =
+                comms.iter().zip(buffers).map(|(c, b)| s.spawn(move || c.free_symmetric(b))).collect();
+            handles.into_iter().try_for_each(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Protocol { peer: None, what: "symmetric free thread panicked".into() })
+                })
+            })
+        })
+    }
+
     /// [`Comm::alloc_symmetric`] on every communicator of a single-process group at once
     /// (one thread per rank), for the communicators of [`Comm::from_devices`].
     pub fn alloc_symmetric_group<T: NcclType>(comms: &[Comm], len: usize) -> Result<Vec<SymmetricBuffer<T>>, Error> {

@@ -19,8 +19,10 @@
 //!
 //! Purlin allocates the memory itself (`cuMemAlloc`, shared by CUDA IPC between processes, by
 //! address within one): cudarc's allocations come from a stream-ordered pool that legacy IPC
-//! cannot export. The memory is released by the communicator's teardown, which meets the peers
-//! first; a buffer still held then keeps its memory (reported as leaked bytes), so a handle
+//! cannot export. [`crate::Comm::free_symmetric`] frees a buffer on every rank at once (like
+//! `ncclCommWindowDeregister` + `ncclMemFree`); the communicator's teardown frees the rest.
+//! Both meet the peers first, and neither frees memory that another handle still shows: a
+//! buffer still held at teardown keeps its memory (reported as leaked bytes), so a handle
 //! never dangles.
 
 use std::marker::PhantomData;
@@ -61,6 +63,11 @@ pub struct SymmetricBuffer<T> {
 impl<T: NcclType> SymmetricBuffer<T> {
     pub(crate) fn new(mem: Arc<SymmetricMem>, stream: Arc<CudaStream>, len: usize) -> Self {
         SymmetricBuffer { mem, stream, len, _elem: PhantomData }
+    }
+
+    /// The allocation this handle shares.
+    pub(crate) fn mem(&self) -> &Arc<SymmetricMem> {
+        &self.mem
     }
 
     /// Elements of `T` the allocation holds (on every rank alike).

@@ -417,26 +417,31 @@ impl<B: SymmetricBackend> SymmetricAlloc<B> {
     /// The teardown protocol above. Call only after this rank's kernels have completed.
     /// `keep_local`: leave this rank's memory allocated (a handle to it is still held; counted
     /// in `leaked_bytes`).
-    pub fn release(mut self, host: &HostComm, backend: &mut B, keep_local: bool) -> TeardownReport {
+    pub fn release(self, host: &HostComm, backend: &mut B, keep_local: bool) -> TeardownReport {
+        let (mut report, error) = self.meet_and_free(host, backend, keep_local, "teardown");
+        report.error = error.map(|e| e.to_string());
+        report
+    }
+
+    /// [`Self::release`] with the failure typed; `during` names the step in errors.
+    pub(crate) fn meet_and_free(
+        mut self,
+        host: &HostComm,
+        backend: &mut B,
+        keep_local: bool,
+        during: &str,
+    ) -> (TeardownReport, Option<Error>) {
         let mut report = TeardownReport::default();
-        let first = host.barrier("teardown: device work done");
+        let first = host.barrier(&format!("{during}: device work done"));
         // Closing a mapping never touches the peer's memory: always safe, even if it died.
         for r in self.remotes.iter_mut().filter_map(Option::take) {
             backend.close(r);
             report.closed += 1;
         }
-        let second = first.and_then(|()| host.barrier("teardown: peer mappings closed"));
-        let free = match &second {
-            Ok(()) => {
-                report.met_peers = true;
-                true
-            }
-            Err(e) => {
-                report.error = Some(e.to_string());
-                // A lost peer maps nothing any more; one that timed out may still.
-                !matches!(e, Error::Timeout { .. } | Error::Poisoned(_))
-            }
-        };
+        let second = first.and_then(|()| host.barrier(&format!("{during}: peer mappings closed")));
+        report.met_peers = second.is_ok();
+        // A lost peer maps nothing any more; one that timed out may still.
+        let free = !matches!(second, Err(Error::Timeout { .. } | Error::Poisoned(_)));
         if let Some(l) = self.local.take() {
             if free && !keep_local {
                 backend.free(l);
@@ -445,7 +450,7 @@ impl<B: SymmetricBackend> SymmetricAlloc<B> {
                 std::mem::forget(l);
             }
         }
-        report
+        (report, second.err())
     }
 }
 

@@ -249,6 +249,59 @@ fn gpu_two_processes_100_cycles_no_leak() {
     assert!(kid.finish(HOST_TIMEOUT), "rank 1 (child process) failed");
 }
 
+/// Symmetric buffers between processes (CUDA IPC): `cycles` rounds of allocation, a one-copy
+/// AllGather checked element by element, and `Comm::free_symmetric`, then the GPU's free
+/// memory against the first round's. `PURLIN_SHARED_GPU=1` puts both ranks on GPU 0.
+fn symmetric_cycles_main(rank: usize, id: Id, cycles: usize) {
+    let shared = CommConfig::shared_gpu_from_env().expect("PURLIN_SHARED_GPU");
+    let ordinal = if shared { 0 } else { rank };
+    let cfg = CommConfig { shared_gpu: shared, ..config() };
+    let c = Comm::from_rank_with_config(stream(ordinal), rank, 2, id, cfg).expect("from_rank");
+    // 16 MiB per rank: the one-copy (throughput) plan, and 32 MiB per cycle a leak would lose.
+    let n = 4 << 20;
+    let mut baseline = 0;
+    for cycle in 0..cycles {
+        let mut input = c.alloc_symmetric::<u32>(n).expect("symmetric input");
+        let mut output = c.alloc_symmetric::<u32>(2 * n).expect("symmetric output");
+        let mine: Vec<u32> = (0..n as u32).map(|i| i ^ ((rank as u32 + 1) << 28) ^ cycle as u32).collect();
+        c.stream().memcpy_htod(&mine, &mut input).expect("upload");
+        c.all_gather(&input, &mut output).expect("all_gather on symmetric buffers");
+        let mut got = vec![0u32; 2 * n];
+        c.stream().memcpy_dtoh(&output, &mut got).expect("download");
+        c.stream().synchronize().expect("sync");
+        for (i, &v) in got.iter().enumerate() {
+            let (r, j) = (i / n, (i % n) as u32);
+            assert_eq!(v, j ^ ((r as u32 + 1) << 28) ^ cycle as u32, "rank {rank} cycle {cycle} element {i}");
+        }
+        c.free_symmetric(input).expect("free the input");
+        c.free_symmetric(output).expect("free the output");
+        // Both ranks have freed theirs before either reads the (shared) GPU's free memory.
+        c.host().barrier("symmetric cycle done").expect("barrier");
+        if cycle == 0 {
+            baseline = free_bytes(ordinal);
+        }
+    }
+    let after = free_bytes(ordinal);
+    println!(
+        "COMM two-process symmetric rank {rank}: {cycles} alloc/all_gather/free cycles; free after cycle 1 {baseline}, after {cycles} {after}"
+    );
+    assert!(after + LEAK_TOLERANCE >= baseline, "rank {rank} lost {} bytes", baseline - after);
+    let report = c.close();
+    assert!(report.met_peers && report.leaked_bytes == 0, "{report:?}");
+}
+
+#[test]
+#[ignore = "needs 2 GPUs (or PURLIN_SHARED_GPU=1); run with --ignored on the GPU machine"]
+fn gpu_two_processes_symmetric_buffers_free_together() {
+    if role().is_some() {
+        return symmetric_cycles_main(1, test_id(), 10);
+    }
+    let id = Id::new().unwrap();
+    let kid = child("gpu_two_processes_symmetric_buffers_free_together", "rank1", &id);
+    symmetric_cycles_main(0, id, 10);
+    assert!(kid.finish(HOST_TIMEOUT), "rank 1 (child process) failed");
+}
+
 #[test]
 #[ignore = "needs 2 GPUs; run with --ignored on the GPU machine"]
 fn gpu_sigkilled_peer_gives_a_typed_timeout_naming_it() {

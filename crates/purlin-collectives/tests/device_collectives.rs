@@ -497,6 +497,73 @@ fn run_symmetric(
     wrong
 }
 
+/// [`Comm::free_symmetric_group`] gives the memory back on every rank: allocation, a
+/// one-copy AllGather and AllReduce on the buffers, and their free, eight times over, leave
+/// the GPUs' free memory where the first cycle left it (a leak would lose 64 MiB per rank
+/// and cycle at world 2),
+/// and every cycle matches the reference on buffers that may reuse freed addresses. A free
+/// that a rank cannot do (another handle still shows its buffer; the ranks name different
+/// allocations) is refused on every rank, frees nothing, and leaves the other handles working.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+fn symmetric_buffers_free_together_and_give_the_memory_back() {
+    let Some(g) = gpus() else { panic!("needs 2 GPUs") };
+    let mut rng = Rng(0xf7ee);
+    let comms = Comm::from_devices_with_config(g.streams.clone(), config(None, StagingSide::Peer)).expect("set-up");
+    let world = comms.len();
+    let (n, mut wrong, mut one_copy) = (4 << 20, 0, 0);
+    let free_memory = || -> usize {
+        g.streams.iter().map(|s| purlin_collectives::device::mem_info(s.context()).expect("mem info").0).min().unwrap()
+    };
+    let mut baseline = 0;
+    for cycle in 0..8 {
+        let mut ins = Comm::alloc_symmetric_group::<f32>(&comms, world * n).expect("symmetric inputs");
+        let mut outs = Comm::alloc_symmetric_group::<f32>(&comms, world * n).expect("symmetric outputs");
+        wrong += run_symmetric(&comms, &mut ins, &mut outs, (Coll::AllGather, false), n, &mut rng, &mut one_copy);
+        wrong += run_symmetric(&comms, &mut ins, &mut outs, (Coll::AllReduce, false), n, &mut rng, &mut one_copy);
+        Comm::free_symmetric_group(&comms, ins).expect("free the inputs");
+        Comm::free_symmetric_group(&comms, outs).expect("free the outputs");
+        if cycle == 0 {
+            baseline = free_memory();
+        }
+    }
+    let after = free_memory();
+    println!(
+        "EXEC symmetric free: 8 cycles of 2 x {} MiB per rank; free memory after cycle 1 {baseline}, after 8 {after}",
+        (world * n * 4) >> 20
+    );
+    assert!(after + (8 << 20) >= baseline, "lost {} bytes over 7 cycles", baseline - after);
+    assert_eq!(one_copy, 2 * 8 * world);
+
+    // Refused everywhere: rank 0 still holds a view of its buffer.
+    let ins = Comm::alloc_symmetric_group::<f32>(&comms, world * n).expect("symmetric inputs");
+    let mut outs = Comm::alloc_symmetric_group::<f32>(&comms, world * n).expect("symmetric outputs");
+    let view = ins[0].view_as::<u32>(4).expect("view");
+    let err = Comm::free_symmetric_group(&comms, ins).expect_err("a view is still alive on rank 0");
+    assert!(err.to_string().contains("other handles"), "{err}");
+    drop(view);
+    // Refused everywhere: rank 0 frees its output, the others their input (the inputs are
+    // gone: their memory stays with the communicators until teardown).
+    let mut again = Comm::alloc_symmetric_group::<f32>(&comms, world * n).expect("symmetric inputs");
+    let mut mixed: Vec<SymmetricBuffer<f32>> = Vec::new();
+    let (out0, in_rest) = (outs.remove(0), again.split_off(1));
+    mixed.push(out0);
+    mixed.extend(in_rest);
+    let err = Comm::free_symmetric_group(&comms, mixed).expect_err("ranks name different allocations");
+    assert!(err.to_string().contains("which symmetric buffer"), "{err}");
+    // The refusals freed nothing: a fresh pair of buffers still runs one-copy and correct.
+    let mut ins = Comm::alloc_symmetric_group::<f32>(&comms, world * n).expect("symmetric inputs");
+    let mut outs = Comm::alloc_symmetric_group::<f32>(&comms, world * n).expect("symmetric outputs");
+    wrong += run_symmetric(&comms, &mut ins, &mut outs, (Coll::ReduceScatter, false), n, &mut rng, &mut one_copy);
+    for c in &comms {
+        c.async_error().expect("no device error");
+    }
+    println!(
+        "EXEC symmetric free: refusals (a live view, different allocations) on {world} ranks, {wrong} wrong elements"
+    );
+    assert_eq!(wrong, 0);
+}
+
 /// Collectives on symmetric buffers ([`Comm::alloc_symmetric_group`]): AllGather (also in
 /// place), AllToAll and their V forms into symmetric outputs, ReduceScatter (also in place),
 /// its V form and AllReduce (in and out of place) from symmetric inputs, take the one-copy
