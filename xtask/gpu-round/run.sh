@@ -19,14 +19,33 @@ date -u +%FT%TZ >"$LOGS/date.txt"
 nvidia-smi >"$LOGS/nvidia-smi.txt" 2>&1
 nvidia-smi topo -m >"$LOGS/topo.txt" 2>&1
 : >"$LOGS/tests.txt"
+# PURLIN_SANITIZE=memcheck (or racecheck, synccheck, initcheck): every test executable runs
+# under compute-sanitizer with that tool, and its summary line goes into tests.txt. A memcheck
+# run starts with its negative control: a kernel loaded like the runtime's writes where no
+# allocation is, and memcheck must report it (else its "0 errors" would prove nothing).
+SANITIZE=${PURLIN_SANITIZE:-}
+SANITIZER=()
+if [ -n "$SANITIZE" ]; then
+  SANITIZER=(compute-sanitizer --tool "$SANITIZE" --print-limit 20)
+  if [ "$SANITIZE" = memcheck ]; then
+    (cd "$HERE" && timeout 120 "${SANITIZER[@]}" ./smoke --sanitizer-control) >"$LOGS/sanitizer-control.log" 2>&1
+    seen=$(grep -c 'Invalid __global__ write' "$LOGS/sanitizer-control.log")
+    echo "SANITIZE control: memcheck reported $seen invalid global writes of the planted out-of-bounds fill (must be > 0)" >>"$LOGS/tests.txt"
+  else
+    echo "SANITIZE $SANITIZE: no negative control for this tool" >>"$LOGS/tests.txt"
+  fi
+fi
 for t in "$HERE"/bin/*; do
   name=$(basename "$t")
   # PURLIN_TESTS: a regex of test executables to run (default: all).
   [[ "$name" =~ ${PURLIN_TESTS:-.} ]] || continue
   if [ "$SECONDS" -ge "$DEADLINE" ]; then echo "$name skipped (deadline)" >>"$LOGS/tests.txt"; continue; fi
-  timeout 420 "$t" --ignored --test-threads=1 --nocapture >"$LOGS/$name.log" 2>&1
+  timeout 420 ${SANITIZER[@]+"${SANITIZER[@]}"} "$t" --ignored --test-threads=1 --nocapture >"$LOGS/$name.log" 2>&1
   rc=$?
   result=$(grep -E '^test result:' "$LOGS/$name.log" | tail -1)
+  if [ -n "$SANITIZE" ]; then
+    result="$result; $SANITIZE: $(grep -E '^========= [A-Z]+ SUMMARY' "$LOGS/$name.log" | tail -1 | sed 's/^========= //')"
+  fi
   echo "$name rc=$rc ${result:-no test result}" >>"$LOGS/tests.txt"
 done
 # commands.txt: one program run per line, from the round's folder (benchmarks, torchrun).
@@ -45,6 +64,6 @@ fi
 tar czf "$OUTDIR/round.tar.gz" -C "$WORK" round
 echo "==== summary ($(cat "$LOGS/date.txt"), $(nvidia-smi -L | wc -l) GPUs)"
 grep -hE '^(LANES|GATE|FLOOR-SUMMARY)' "$LOGS"/*.log | cut -c1-260 | head -24
-grep -hE '^(SMOKE|PACKETS|ROUND|ATOM-SUMMARY|COMM|COMM_CHECK|DROPIN|EXEC|BENCH)[ :]' "$LOGS"/*.log | grep -v '^EXEC conformance: ok' | cut -c1-200 | head -60
+grep -hE '^(SMOKE|PACKETS|ROUND|ATOM-SUMMARY|COMM|COMM_CHECK|DROPIN|EXEC|BENCH|SANITIZER-CONTROL)[ :]' "$LOGS"/*.log | grep -v '^EXEC conformance: ok' | cut -c1-200 | head -60
 grep -hE 'round trip|copy engine|bidirectional|^nccl_[a-z_]+ (1024|1073741824) ' "$LOGS/calibration.log" 2>/dev/null | head -24
 cat "$LOGS/tests.txt"

@@ -134,7 +134,7 @@ const LEAN_TESTS: [&str; 7] = [
 ];
 
 /// Programs a `--lean` round keeps.
-const LEAN_PROGRAMS: [&str; 4] = ["purlin-bench", "quickstart", "latency_floor", "gate_timeline"];
+const LEAN_PROGRAMS: [&str; 5] = ["purlin-bench", "quickstart", "latency_floor", "gate_timeline", "smoke"];
 
 /// Bytes the device tool carries: the tracked tree and the round together.
 const CARRY_LIMIT: u64 = 64 << 20;

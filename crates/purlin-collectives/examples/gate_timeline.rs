@@ -5,7 +5,7 @@
 //! ./gate_timeline [--collective all-gather|all-reduce|reduce-scatter] [--mib 256 | --bytes N] [--runs 3] [--warm N]
 //! ```
 //!
-//! Both GPUs in one process. Each rank runs the plan a call would run (same tuning, same
+//! Both GPUs in one process (`PURLIN_SHARED_GPU=1`: both ranks on GPU 0). Each rank runs the plan a call would run (same tuning, same
 //! derivation) through the executor with its trace on, which stamps every step's start and
 //! every block's end with the GPU's global timer. Printed per rank: the call's span (first
 //! step to last block end) and bus bandwidth, and per role the mean time its blocks spend in
@@ -160,11 +160,15 @@ fn main() -> Result<()> {
     let warm: usize = arg(&args, "--warm").map_or(Ok(0), |s| s.parse()).context("--warm")?;
     // --bytes: an exact size (the larger buffer), for latency-regime calls.
     let bytes: u64 = arg(&args, "--bytes").map_or(Ok(mib << 20), |s| s.parse()).context("--bytes")?;
-    if !purlin_collectives::topo::driver_present() || purlin_collectives::topo::device_count() < 2 {
-        bail!("gate_timeline needs 2 GPUs");
+    // PURLIN_SHARED_GPU=1: both ranks on GPU 0 (steps and spans, no NVLink figure).
+    let config = CommConfig::from_env()?;
+    let ordinals = if config.shared_gpu { [0, 0] } else { [0, 1] };
+    let gpus = if purlin_collectives::topo::driver_present() { purlin_collectives::topo::device_count() } else { 0 };
+    if gpus <= ordinals[1] {
+        bail!("gate_timeline needs 2 GPUs (or PURLIN_SHARED_GPU=1 and one)");
     }
-    let streams = (0..2).map(|d| Ok(CudaContext::new(d)?.new_stream()?)).collect::<Result<Vec<_>>>()?;
-    let comms = Comm::from_devices_with_config(streams, CommConfig::from_env()?)?;
+    let streams = ordinals.iter().map(|&d| Ok(CudaContext::new(d)?.new_stream()?)).collect::<Result<Vec<_>>>()?;
+    let comms = Comm::from_devices_with_config(streams, config)?;
     let world = 2u64;
     // Sizes as purlin-bench counts them: `bytes` is the larger buffer; f32 elements.
     let big = bytes / 4;
