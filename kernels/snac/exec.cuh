@@ -370,14 +370,15 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
 //   than device memory, round 55). Records read from device memory make the kernel itself
 //   slower, so longer calls, whose launches hide behind the kernel, keep the block by value
 //   (rounds 55-57, tuning.rs).
+// RUN's third argument says which: true where the words lie in device memory.
 #define PURLIN_EXEC_ENTRY_POINTS(NAME, RUN)                                                            \
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
       NAME(const __grid_constant__ purlin::snac::Runtime rt,                                           \
            const __grid_constant__ purlin::snac::ParamBlock<PURLIN_PARAM_WORDS> params) {              \
-    RUN(params.w, &rt);                                                                                \
+    RUN(params.w, &rt, false);                                                                         \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
       NAME##_global(const __grid_constant__ purlin::snac::Runtime rt,                                  \
                     const purlin::snac::u64* __restrict__ words) {                                     \
-    RUN(words, &rt);                                                                                   \
+    RUN(words, &rt, true);                                                                             \
   }

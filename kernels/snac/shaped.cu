@@ -218,7 +218,7 @@ __device__ __forceinline__ void dispatch(u32 id, const u64* w, const Runtime* rt
   }
 }
 
-__device__ __forceinline__ void run_shaped_block(const u64* w, const Runtime* rt) {
+__device__ __forceinline__ void run_shaped_block(const u64* w, const Runtime* rt, bool /*in_device_memory*/) {
   const u64 start = purlin::sync::now_ns();
   const ParamHeader* h = (const ParamHeader*)w;
   if (rt->trace != 0 && purlin::atom::tid() == 0) {
