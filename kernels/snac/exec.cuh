@@ -367,9 +367,9 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
 // - `NAME##_global`: the block in device memory, uploaded once per prepared plan, for eager
 //   launches of calls up to 1 MiB, which otherwise upload the whole block at every launch
 //   (31 KiB: 2.4 us per launch, round 49; a 4 KiB by-value block measured 0.4 us slower
-//   than device memory, round 55). Records read from device memory make the kernel itself
-//   slower, so longer calls, whose launches hide behind the kernel, keep the block by value
-//   (rounds 55-57, tuning.rs).
+//   than device memory, round 55). Longer calls, whose launches hide behind the kernel, keep
+//   the block by value: from device memory their kernels ran slower (rounds 55-57), and
+//   still do with the records copied into shared memory (round 79, tuning.rs).
 // RUN's third argument says which: true where the words lie in device memory.
 #define PURLIN_EXEC_ENTRY_POINTS(NAME, RUN)                                                            \
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \

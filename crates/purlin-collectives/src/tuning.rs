@@ -132,7 +132,8 @@ impl Default for Tuning {
             // the kernels themselves run slower reading their records from device memory,
             // which shows once a call outlasts its launch: AllReduce 1 MiB 11.43 against
             // 11.25 us, 2 MiB 25.80 against 24.54, 4 MiB 28.02 against 25.59; ReduceScatter
-            // 1 MiB 9.19 against 9.61, 2 MiB 12.54 against 11.71.
+            // 1 MiB 9.19 against 9.61, 2 MiB 12.54 against 11.71. Still so with the records
+            // copied into shared memory (round 79): AllReduce 2 MiB 25.42 against 25.08.
             device_params_max_bytes: 1 << 20,
             max_blocks: None,
             // Not measured on a GPU pair yet. On one H200 shared by both ranks (rounds
