@@ -1182,9 +1182,10 @@ impl Comm {
 
     /// Frees a symmetric buffer on every rank at once, like NCCL's `ncclCommWindowDeregister`
     /// followed by `ncclMemFree`: a collective call (every rank calls it, in the same order,
-    /// with its handle of the same allocation). It waits for this rank's work on the communicator's
-    /// stream and meets the peers, so no rank's collective still reads or writes the memory
-    /// when it is freed; work on other streams is the caller's to finish first.
+    /// with its handle of the same allocation). It waits for this rank's work on the
+    /// communicator's stream and meets the peers, so no rank's collective still reads or
+    /// writes the memory when it is freed. Work on other streams is the caller's to finish
+    /// first, and a CUDA graph that captured calls on the buffer must not be launched again.
     ///
     /// Refused on every rank, freeing nothing, where a rank's buffer is not one of this
     /// communicator's, is not the allocation its peers free, or is still shown by another
@@ -1248,6 +1249,7 @@ impl Comm {
                 }
                 Ok(())
             }
+            // Only a group's communicators leave the allocation to their owner.
             (_, None) => Ok(()),
         }
     }
