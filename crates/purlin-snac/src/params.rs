@@ -10,7 +10,10 @@
 //! sequence runs the block — [`encode`] writes the block's index in
 //! [`crate::KernelKey::shapes`], and a runtime with its own numbering of shapes may replace
 //! it; an interpreter ignores it), the word index of the block's first step record, the
-//! number of top-level steps. Then the step records. A record starts with a tag word:
+//! number of top-level steps. Then the step records, block by block: each block's records
+//! start where the previous block's end, and the last block's end at `total_words` (the
+//! device executor copies a block's records into shared memory by that range; [`decode`]
+//! refuses a block that does not end there). A record starts with a tag word:
 //! `opcode | record_words << 8 | count << 24` (`count`: sources of a reduce, notifications of
 //! an arrive, body steps of a loop). Field groups, in words:
 //!
@@ -525,6 +528,10 @@ pub fn decode(words: &[u64]) -> Result<(ParamHeader, Vec<BlockProgram>), ParamEr
         let n = r.next()? as usize;
         let mut r = R { w: words, at: first };
         let steps = (0..n).map(|_| r.step(false)).collect::<Result<Vec<_>, _>>()?;
+        let end = if b + 1 < h.grid as usize { words.get(t + 4).copied() } else { Some(h.total_words) };
+        if end != Some(r.at as u64) {
+            return Err(r.err("a block's records do not end where the next block's start"));
+        }
         blocks.push(BlockProgram { role, steps });
     }
     Ok((h, blocks))

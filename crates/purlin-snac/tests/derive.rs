@@ -224,6 +224,22 @@ fn serde_and_params_round_trip() {
     }
     assert!(decode_plans(&[1, 2, 3]).is_err());
     assert!(params::decode(&[0; 3]).is_err());
+    // A word between two blocks' records, every offset after it moved to match, decodes
+    // step by step, but the device executor copies a block's records by the range up to the
+    // next block's first word: refused.
+    let plans = derive(&spec, &PlanConfig::default()).unwrap();
+    let mut words = plans[0].params();
+    let (h, blocks) = params::decode(&words).unwrap();
+    assert!(blocks.len() >= 2, "the test needs two blocks");
+    let table = h.block_table as usize;
+    words.insert(words[table + 3 + 1] as usize, 0);
+    for b in 1..blocks.len() {
+        words[table + 3 * b + 1] += 1;
+    }
+    let total = header_fields().iter().find(|(name, _)| *name == "total_words").unwrap().1 / 8;
+    words[total] += 1;
+    let err = params::decode(&words).expect_err("a gap after block 0");
+    assert!(err.to_string().contains("do not end where"), "{err}");
 }
 
 #[test]
