@@ -41,6 +41,8 @@ fn help_lists_every_flag() {
         "--quick",
         "--backends",
         "--host",
+        "--symmetric",
+        "--in-place",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }
@@ -67,6 +69,33 @@ fn a_tiny_sweep_writes_valid_results() {
         assert_eq!(json["meta"]["executor"], "host executor (no GPU)");
         assert!(stderr.contains("no GPU"), "{stderr}");
         assert!(json["meta"]["notes"][0].as_str().unwrap().contains("no GPU"));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The host executor has no symmetric memory: `--symmetric` there says so in the notes, and
+/// its rows keep the plain placement.
+#[test]
+fn symmetric_on_the_host_executor_says_it_runs_plain_buffers() {
+    let dir = std::env::temp_dir().join(format!("purlin-bench-cli-symmetric-{}", std::process::id()));
+    let out = bench()
+        .args(["--host", "--symmetric", "--quick", "--max", "64", "--collective", "all-gather", "--launcher", "none"])
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    let notes: Vec<&str> = json["meta"]["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    assert!(notes.iter().any(|n| n.starts_with("--symmetric: the host executor has no symmetric memory")), "{notes:?}");
+    let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+    let placement = csv.lines().next().unwrap().split(',').position(|c| c == "placement").unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert!(!rows.is_empty(), "{csv}");
+    for row in rows {
+        assert_eq!(row.split(',').nth(placement), Some("out-of-place"), "{row}");
     }
     let _ = std::fs::remove_dir_all(dir);
 }
