@@ -203,7 +203,8 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
   // one's, the last block's up to total_words. Copied only from a well-formed block.
   const bool well_formed = h->magic == kParamMagic && h->version == kParamVersion && blockIdx.x < h->grid;
   const u64 first = well_formed ? w[h->block_table + 3 * blockIdx.x + 1] : 0;
-  const u64 end = !well_formed ? 0 : blockIdx.x + 1 < h->grid ? w[h->block_table + 3 * (blockIdx.x + 1) + 1] : h->total_words;
+  const bool last = blockIdx.x + 1 >= h->grid;
+  const u64 end = !well_formed ? 0 : last ? h->total_words : w[h->block_table + 3 * (blockIdx.x + 1) + 1];
   const bool cached =
       in_device_memory && first <= end && end - first <= kCachedRecordWords && end <= h->total_words;
   if (cached) {

@@ -28,9 +28,10 @@ fn sanitizer_control(cache: &KernelCache) -> anyhow::Result<()> {
     let (bogus, n, seed) = (0x1000u64, 256u32, 1u32);
     let mut launch = stream.launch_builder(&fill);
     launch.arg(&bogus).arg(&n).arg(&seed);
-    // SAFETY: deliberately not sound, and only here: the kernel (u32*, u32, u32) writes 256
-    // words at device address 0x1000, which no allocation covers, so the GPU faults instead of
-    // corrupting memory; the context is not used again and the process exits after it.
+    // SAFETY: the arguments match the kernel's (u32*, u32, u32). Its writes are meant to
+    // fault: no allocation covers device address 0x1000 (the unmapped first pages), so the GPU
+    // reports an illegal address instead of touching memory, and this process uses the
+    // context for nothing else.
     let launched = unsafe { launch.launch(LaunchConfig::for_num_elems(n)) };
     let synced = launched.map_err(anyhow::Error::from).and_then(|_| stream.synchronize().map_err(Into::into));
     match synced {
