@@ -202,9 +202,10 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
   // The block's records are [first, end): encode() writes each block's after the previous
   // one's, the last block's up to total_words. Copied only from a well-formed block.
   const bool well_formed = h->magic == kParamMagic && h->version == kParamVersion && blockIdx.x < h->grid;
-  const u64 first = well_formed ? w[h->block_table + 3 * blockIdx.x + 1] : 0;
+  const u64* entry = w + h->block_table + 3 * blockIdx.x;  // role | shape, first record, steps
+  const u64 first = well_formed ? entry[1] : 0;
   const bool last = blockIdx.x + 1 >= h->grid;
-  const u64 end = !well_formed ? 0 : last ? h->total_words : w[h->block_table + 3 * (blockIdx.x + 1) + 1];
+  const u64 end = !well_formed ? 0 : last ? h->total_words : entry[3 + 1];
   const bool cached =
       in_device_memory && first <= end && end - first <= kCachedRecordWords && end <= h->total_words;
   if (cached) {
@@ -224,8 +225,7 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
   __syncthreads();  // also: the record copy is complete
   if (s_skip) return;
   Ctx x{w, rt, s_epoch, s_epoch & 1, h->world, h->rank, smem};
-  const u64* entry = w + h->block_table + 3 * blockIdx.x;
-  u64 at = entry[1];
+  u64 at = first;
   const u64 steps = entry[2];
   bool ok = true;
   for (u64 s = 0; s < steps && ok; ++s) {

@@ -5,15 +5,16 @@
 //! ./gate_timeline [--collective all-gather|all-reduce|reduce-scatter] [--mib 256 | --bytes N] [--runs 3] [--warm N]
 //! ```
 //!
-//! Both GPUs in one process (`PURLIN_SHARED_GPU=1`: both ranks on GPU 0). Each rank runs the plan a call would run (same tuning, same
-//! derivation) through the executor with its trace on, which stamps every step's start and
-//! every block's end with the GPU's global timer. Printed per rank: the call's span (first
-//! step to last block end) and bus bandwidth, and per role the mean time its blocks spend in
-//! each kind of step, the spread of block end times, and when the writers' last stage and the
-//! readers' last step finished (the tail), and chunk by chunk when each role's blocks began
-//! and left each kind of step. With `--warm N`, N untraced calls through the public API run
-//! back to back just before each traced one (a benchmark loop's conditions). The output is
-//! checked on every run. Lines start with `TIMELINE`.
+//! Both GPUs in one process (`PURLIN_SHARED_GPU=1`: both ranks on GPU 0). Each rank runs
+//! the plan a call would run (same tuning, same derivation) through the executor with its
+//! trace on, which stamps every step's start and every block's end with the GPU's global
+//! timer. Printed per rank: the call's span (first step to last block end) and bus
+//! bandwidth, and per role the mean time its blocks spend in each kind of step, the spread
+//! of block end times, and when the writers' last stage and the readers' last step finished
+//! (the tail), and chunk by chunk when each role's blocks began and left each kind of step.
+//! With `--warm N`, N untraced calls through the public API run back to back just before
+//! each traced one (a benchmark loop's conditions). The output is checked on every run.
+//! Lines start with `TIMELINE`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

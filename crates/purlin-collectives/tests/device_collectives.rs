@@ -500,8 +500,8 @@ fn run_symmetric(
 /// [`Comm::free_symmetric_group`] gives the memory back on every rank: allocation, a
 /// one-copy AllGather and AllReduce on the buffers, and their free, eight times over, leave
 /// the GPUs' free memory where the first cycle left it (a leak would lose 64 MiB per rank
-/// and cycle at world 2),
-/// and every cycle matches the reference on buffers that may reuse freed addresses. A free
+/// and cycle at world 2), and every cycle matches the reference on buffers that may reuse
+/// freed addresses. A free
 /// that a rank cannot do (another handle still shows its buffer; the ranks name different
 /// allocations) is refused on every rank, frees nothing, and leaves the other handles working.
 #[test]
@@ -545,10 +545,8 @@ fn symmetric_buffers_free_together_and_give_the_memory_back() {
     // Refused everywhere: rank 0 frees its output, the others their input (the inputs are
     // gone: their memory stays with the communicators until teardown).
     let mut again = Comm::alloc_symmetric_group::<f32>(&comms, world * n).expect("symmetric inputs");
-    let mut mixed: Vec<SymmetricBuffer<f32>> = Vec::new();
-    let (out0, in_rest) = (outs.remove(0), again.split_off(1));
-    mixed.push(out0);
-    mixed.extend(in_rest);
+    let mut mixed = vec![outs.remove(0)];
+    mixed.extend(again.split_off(1));
     let err = Comm::free_symmetric_group(&comms, mixed).expect_err("ranks name different allocations");
     assert!(err.to_string().contains("which symmetric buffer"), "{err}");
     // The refusals freed nothing: a fresh pair of buffers still runs one-copy and correct.
