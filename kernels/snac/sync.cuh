@@ -121,17 +121,18 @@ constexpr unsigned int kPollsPerCheck = 64;
 
 // Waits (one thread) until *flag >= target. Gives up when `timeout_ns` has passed since
 // `start_ns` or when the communicator's poison word becomes nonzero (another block or
-// kernel already failed). Acquires on success.
+// kernel already failed). Every poll is an acquire load, so the load that sees the value
+// is the acquire: a flag already set costs one system-scope round trip, not two (a relaxed
+// poll, then an acquire; round 83).
 __device__ __forceinline__ WaitResult wait_geq_bounded(const u64* flag, u64 target, const u64* poison, u64 start_ns,
                                                       u64 timeout_ns) {
   unsigned int polls = 0;
-  while (ld_relaxed_sys(flag) < target) {
+  while (ld_acquire_sys(flag) < target) {
     if (++polls % kPollsPerCheck == 0) {
       if (ld_relaxed_sys(poison) != 0) return kWaitPoisoned;
       if (now_ns() - start_ns > timeout_ns) return kWaitTimeout;
     }
   }
-  (void)ld_acquire_sys(flag);
   return kWaitOk;
 }
 

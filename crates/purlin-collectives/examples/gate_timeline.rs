@@ -2,7 +2,7 @@
 //! AllGather against the Atom's copy at the same block count).
 //!
 //! ```text
-//! ./gate_timeline [--collective all-gather|all-reduce|reduce-scatter] [--mib 256 | --bytes N] [--runs 3] [--warm N]
+//! ./gate_timeline [--collective all-gather|all-reduce|reduce-scatter] [--mib 256 | --bytes N] [--runs 3] [--warm N] [--symmetric]
 //! ```
 //!
 //! Both GPUs in one process (`PURLIN_SHARED_GPU=1`: both ranks on GPU 0). Each rank runs
@@ -13,14 +13,16 @@
 //! of block end times, and when the writers' last stage and the readers' last step finished
 //! (the tail), and chunk by chunk when each role's blocks began and left each kind of step.
 //! With `--warm N`, N untraced calls through the public API run back to back just before
-//! each traced one (a benchmark loop's conditions). The output is checked on every run.
+//! each traced one (a benchmark loop's conditions). With `--symmetric`, input and output are
+//! symmetric buffers (`Comm::alloc_symmetric`), so the plan traced is the one-copy one. The
+//! output is checked on every run.
 //! Lines start with `TIMELINE`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use purlin_collectives::comm::{Comm, CommConfig};
 use purlin_collectives::conformance::TimedBlock;
 use purlin_snac::{CollectiveSpec, DataType, Plan, ReduceOp, Role, Step};
@@ -145,12 +147,22 @@ fn report(rank: usize, plan: &Plan, blocks: &[TimedBlock], bus_bytes: f64) -> Re
     Ok(())
 }
 
-struct Rank {
+struct Rank<B> {
     comm: Comm,
     stream: Arc<CudaStream>,
-    input: CudaSlice<f32>,
-    output: CudaSlice<f32>,
+    input: B,
+    output: B,
     expected: Vec<f32>,
+}
+
+/// What one timeline run needs besides the ranks.
+struct Setup {
+    collective: String,
+    spec: CollectiveSpec,
+    bytes: u64,
+    bus_bytes: f64,
+    runs: usize,
+    warm: usize,
 }
 
 fn main() -> Result<()> {
@@ -184,29 +196,74 @@ fn main() -> Result<()> {
     // Small integers: every sum is exact whatever the order.
     let input_of = |r: u64| -> Vec<f32> { (0..in_count).map(|i| ((i * 7 + r * 3) % 64) as f32).collect() };
     let inputs: Vec<Vec<f32>> = (0..world).map(input_of).collect();
-    let mut ranks = Vec::new();
-    for comm in comms {
-        let r = comm.rank() as u64;
-        let expected: Vec<f32> = match collective.as_str() {
+    let symmetric = args.iter().any(|a| a == "--symmetric");
+    let bus_bytes = match collective.as_str() {
+        "all-reduce" => 2.0 * (out_count * 4) as f64 * 0.5,
+        _ => (big * 4) as f64 * 0.5,
+    };
+    let setup = Setup { collective, spec, bytes, bus_bytes, runs, warm };
+    let expected = |r: u64| -> Vec<f32> {
+        match setup.collective.as_str() {
             "all-gather" => inputs.iter().flatten().copied().collect(),
             "all-reduce" => (0..in_count as usize).map(|i| inputs[0][i] + inputs[1][i]).collect(),
             _ => {
                 let at = (r * out_count) as usize;
                 (0..out_count as usize).map(|i| inputs[0][at + i] + inputs[1][at + i]).collect()
             }
-        };
+        }
+    };
+    if !symmetric {
+        let mut ranks = Vec::new();
+        for comm in comms {
+            let r = comm.rank() as u64;
+            let stream = comm.stream();
+            comm.context().bind_to_thread()?;
+            let input = stream.clone_htod(&inputs[r as usize])?;
+            let output = stream.alloc_zeros::<f32>(out_count as usize)?;
+            ranks.push(Rank { comm, stream, input, output, expected: expected(r) });
+        }
+        timeline(&mut ranks, &setup)?;
+        return Ok(());
+    }
+    // --symmetric: input and output are symmetric buffers (`Comm::alloc_symmetric`), so calls
+    // run the one-copy plans, and the traced launch gets every rank's buffers as a call does.
+    let sym_inputs = Comm::alloc_symmetric_group::<f32>(&comms, in_count as usize)?;
+    let sym_outputs = Comm::alloc_symmetric_group::<f32>(&comms, out_count as usize)?;
+    let mut ranks = Vec::new();
+    for ((comm, mut input), output) in comms.into_iter().zip(sym_inputs).zip(sym_outputs) {
+        let r = comm.rank() as u64;
         let stream = comm.stream();
         comm.context().bind_to_thread()?;
-        let input = stream.clone_htod(&inputs[r as usize])?;
-        let output = stream.alloc_zeros::<f32>(out_count as usize)?;
-        ranks.push(Rank { comm, stream, input, output, expected });
+        stream.memcpy_htod(&inputs[r as usize], &mut input)?;
+        ranks.push(Rank { comm, stream, input, output, expected: expected(r) });
     }
-    let plans =
-        ranks.iter().map(|r| r.comm.plan_for_conformance(spec.clone(), false)).collect::<Result<Vec<_>, _>>()?;
-    let bus_bytes = match collective.as_str() {
-        "all-reduce" => 2.0 * (out_count * 4) as f64 * 0.5,
-        _ => (big * 4) as f64 * 0.5,
-    };
+    timeline(&mut ranks, &setup)?;
+    // Freed together before the communicators close (a buffer still held at teardown is
+    // reported leaked).
+    let (comms, buffers): (Vec<Comm>, Vec<_>) = ranks.into_iter().map(|r| (r.comm, [r.input, r.output])).unzip();
+    let [ins, outs]: [Vec<_>; 2] = buffers.into_iter().fold([vec![], vec![]], |[mut i, mut o], [a, b]| {
+        i.push(a);
+        o.push(b);
+        [i, o]
+    });
+    Comm::free_symmetric_group(&comms, outs)?;
+    Comm::free_symmetric_group(&comms, ins)?;
+    Ok(())
+}
+
+/// Traces `setup.runs` launches of every rank's plan (resolved for these buffers as a call
+/// resolves it), checking the output of each.
+fn timeline<B: DevicePtr<f32> + DevicePtrMut<f32>>(ranks: &mut [Rank<B>], setup: &Setup) -> Result<()> {
+    let Setup { collective, spec, bytes, bus_bytes, runs, warm } = setup;
+    let (bytes, bus_bytes, runs, warm) = (*bytes, *bus_bytes, *runs, *warm);
+    let plans = ranks
+        .iter()
+        .map(|r| {
+            let (input, _) = r.input.device_ptr(&r.stream);
+            let (output, _) = r.output.device_ptr(&r.stream);
+            r.comm.plan_for_buffers(spec.clone(), false, input, output)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     println!(
         "TIMELINE {collective} {bytes} bytes, f32, plan grid {} ({}), {runs} runs (first is warm-up)",
         plans[0].grid(),
@@ -246,7 +303,7 @@ fn main() -> Result<()> {
             launches.push(r.comm.launch_plan_for_conformance(plan, &r.input, &mut r.output)?);
         }
         let traces = launches.into_iter().map(|l| l.timed_trace()).collect::<Result<Vec<_>, _>>()?;
-        for r in &ranks {
+        for r in ranks.iter() {
             let got = r.stream.clone_dtoh(&r.output)?;
             let wrong = got.iter().zip(&r.expected).filter(|(a, b)| a != b).count();
             if wrong > 0 {

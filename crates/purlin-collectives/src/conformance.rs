@@ -163,10 +163,10 @@ impl Comm {
     /// same call (their plans' epochs advance together), then collect with
     /// [`ConformanceLaunch::trace`]. Conformance tests only.
     ///
-    /// Checked before anything is enqueued: the plan is for this rank and world, has no
-    /// in-place alias (not supported here), fits the workspace, the co-residency bound and
-    /// the parameter block, and the buffers (on this GPU) hold the plan's input and output
-    /// bytes. A plan that passes these checks but is otherwise wrong (a shifted region)
+    /// Checked before the launch: the plan is for this rank and world, has no in-place alias
+    /// (not supported here), fits the workspace, the co-residency bound and the parameter
+    /// block, the buffers (on this GPU) hold the plan's input and output bytes, and where the
+    /// plan is one-copy they are symmetric buffers of this communicator. A plan that passes these checks but is otherwise wrong (a shifted region)
     /// runs: reading or writing past the buffers is the caller's to prevent (give the
     /// buffers slack).
     #[doc(hidden)]
@@ -222,7 +222,23 @@ impl Comm {
             let (trace_ptr, _record_trace) = trace.device_ptr(&stream);
             let (in_ptr, _record_in) = input.device_ptr(&stream);
             let (out_ptr, _record_out) = output.device_ptr_mut(&stream);
+            // A one-copy plan addresses every rank's input or output: those must be symmetric
+            // buffers of this communicator, resolved as a call resolves them.
+            let peers = self.peer_buffers(&plan.spec, false, in_ptr, out_ptr)?;
+            let (need_inputs, need_outputs) = plan.peer_spaces();
+            if (need_inputs && peers.inputs.is_none()) || (need_outputs && peers.outputs.is_none()) {
+                return Err(Error::InvalidArgument(format!(
+                    "conformance: a one-copy plan (peer inputs {need_inputs}, peer outputs {need_outputs}) on buffers \
+                     that are not symmetric buffers of this communicator"
+                )));
+            }
             let mut rt = self.runtime(in_ptr, out_ptr);
+            if let Some(p) = peers.outputs.filter(|_| need_outputs) {
+                rt.peer_output = p;
+            }
+            if let Some(p) = peers.inputs.filter(|_| need_inputs) {
+                rt.peer_input = p;
+            }
             rt.trace = trace_ptr;
             rt.trace_capacity = capacity as u64;
             // SAFETY: `in_ptr`/`out_ptr` come from cudarc buffers on this GPU holding at least
@@ -232,7 +248,10 @@ impl Comm {
             // records at most `capacity - 1` entries (the kernel also bounds its index by
             // `trace_capacity`); the workspace addresses are every rank's live workspace,
             // mapped until teardown, which synchronises first; the plan fits the workspace
-            // (checked above); every device wait is bounded by the communicator's timeout.
+            // (checked above); a one-copy plan's peer inputs and outputs are every rank's
+            // symmetric buffers, checked by `peer_buffers` to hold what the spec has each rank
+            // access there and mapped here until teardown; every device wait is bounded by the
+            // communicator's timeout.
             // A plan with a shifted region may touch bytes past its buffers' plan sizes:
             // the caller gives them slack (see the method's docs).
             unsafe { self.exec.launch(&stream, plan, &params, &rt) }?;

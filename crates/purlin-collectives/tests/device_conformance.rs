@@ -329,3 +329,68 @@ fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu(
     println!("EXEC conformance: seed {seed}: {} failed properties", failures.len());
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// A one-copy plan (symmetric outputs) runs through the conformance launch only on symmetric
+/// buffers: there it gets every rank's output as a call does and gathers the right bytes,
+/// with every block traced; on plain buffers it is refused before it is launched.
+#[test]
+#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+fn one_copy_plans_run_traced_on_symmetric_buffers_and_are_refused_on_plain_ones() {
+    let streams = streams();
+    // Forced to the throughput regime: at this size the default would send packets.
+    let tuning = Tuning { regime: Some(Regime::Throughput), ..Tuning::default() };
+    let cfg = CommConfig { device_timeout: Duration::from_secs(10), tuning, ..gpu_support::base_config() };
+    let comms = Comm::from_devices_with_config(streams, cfg).expect("set-up");
+    let per_rank = 3000usize; // 12 000 bytes of f32 per rank
+    let inputs: Vec<Vec<f32>> =
+        (0..WORLD).map(|r| (0..per_rank).map(|i| (i * 5 + r * 1001) as f32).collect()).collect();
+    let expected: Vec<f32> = inputs.iter().flatten().copied().collect();
+    let spec = purlin_snac::CollectiveSpec::all_gather(WORLD as u32, purlin_snac::DataType::F32, per_rank as u64);
+    let mut ins = Comm::alloc_symmetric_group::<f32>(&comms, per_rank).expect("symmetric inputs");
+    let mut outs = Comm::alloc_symmetric_group::<f32>(&comms, per_rank * WORLD).expect("symmetric outputs");
+    let mut plans = Vec::new();
+    for (r, c) in comms.iter().enumerate() {
+        c.context().bind_to_thread().expect("bind");
+        c.stream().memcpy_htod(&inputs[r], &mut ins[r]).expect("upload");
+        c.stream().memset_zeros(&mut outs[r]).expect("zero");
+        let (i, _) = cudarc::driver::DevicePtr::device_ptr(&ins[r], &c.stream());
+        let (o, _) = cudarc::driver::DevicePtr::device_ptr(&outs[r], &c.stream());
+        let plan = c.plan_for_buffers(spec.clone(), false, i, o).expect("plan");
+        assert_eq!(plan.peer_spaces(), (false, true), "rank {r}: symmetric outputs give a one-copy plan");
+        plans.push(plan);
+    }
+
+    // Plain buffers: refused, nothing launched (so the peer is not left waiting).
+    {
+        let c = &comms[0];
+        c.context().bind_to_thread().expect("bind");
+        let plain_in: CudaSlice<f32> = c.stream().alloc_zeros(per_rank).expect("alloc");
+        let mut plain_out: CudaSlice<f32> = c.stream().alloc_zeros(per_rank * WORLD).expect("alloc");
+        let refused = c.launch_plan_for_conformance(&plans[0], &plain_in, &mut plain_out).map(|_| ());
+        assert!(
+            matches!(refused, Err(purlin_collectives::Error::InvalidArgument(_))),
+            "a one-copy plan on plain buffers: {refused:?}"
+        );
+    }
+
+    let mut launches = Vec::new();
+    for ((c, plan), (i, o)) in comms.iter().zip(&plans).zip(ins.iter().zip(outs.iter_mut())) {
+        c.context().bind_to_thread().expect("bind");
+        launches.push(c.launch_plan_for_conformance(plan, i, o).expect("one-copy launch"));
+    }
+    let traces: Vec<_> = launches.into_iter().map(|l| l.timed_trace().expect("trace")).collect();
+    for (r, (c, plan)) in comms.iter().zip(&plans).enumerate() {
+        assert_eq!(traces[r].len(), plan.grid(), "rank {r}: a trace per block");
+        assert!(traces[r].iter().all(|b| !b.steps.is_empty() && b.end_ns != 0), "rank {r}: every block ran to its end");
+        c.context().bind_to_thread().expect("bind");
+        let got = c.stream().clone_dtoh(&outs[r]).expect("download");
+        let wrong = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
+        assert_eq!(wrong, 0, "rank {r}: one-copy AllGather through the conformance launch");
+    }
+    println!(
+        "EXEC conformance: one-copy AllGather traced on symmetric buffers ({} blocks per rank), refused on plain ones",
+        plans[0].grid()
+    );
+    Comm::free_symmetric_group(&comms, outs).expect("free outputs");
+    Comm::free_symmetric_group(&comms, ins).expect("free inputs");
+}

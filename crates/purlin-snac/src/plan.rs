@@ -417,6 +417,38 @@ impl Plan {
         self.blocks.len()
     }
 
+    /// Whether any step reads a peer's input and whether any writes a peer's output (a
+    /// one-copy plan, [`Space::PeerInput`], [`Space::PeerOutput`]): such a plan runs only on
+    /// buffers that every rank can address.
+    pub fn peer_spaces(&self) -> (bool, bool) {
+        fn visit(steps: &[Step], found: &mut (bool, bool)) {
+            for s in steps {
+                let regions: Vec<&Region> = match s {
+                    Step::ChunkLoop { body, .. } => {
+                        visit(body, found);
+                        vec![]
+                    }
+                    Step::Stage { dst, src, .. }
+                    | Step::Gather { dst, src, .. }
+                    | Step::PutPackets { dst, src, .. } => {
+                        vec![dst, src]
+                    }
+                    Step::Reduce { dst, srcs, .. } => std::iter::once(dst).chain(srcs).collect(),
+                    _ => vec![],
+                };
+                for r in regions {
+                    found.0 |= matches!(r.space, Space::PeerInput(_));
+                    found.1 |= matches!(r.space, Space::PeerOutput(_));
+                }
+            }
+        }
+        let mut found = (false, false);
+        for b in &self.blocks {
+            visit(&b.steps, &mut found);
+        }
+        found
+    }
+
     /// Number of steps, loop bodies counted once: the plan's size, independent of the payload.
     pub fn step_count(&self) -> usize {
         self.blocks

@@ -494,7 +494,21 @@ fn one_copy_calls() {
                     assert!(p.iter().flat_map(|p| &p.blocks).all(|b| b.role == Role::Producer), "{c:?}: not one-copy");
                     let what = format!("one-copy {c:?} w{world} {blocks} blocks in place {in_place}");
                     must_verify(&[p.clone(), p.clone(), p.clone()], &what);
+                    // Copies write peers' outputs; reductions read peers' inputs (AllReduce both).
+                    let reads = !matches!(
+                        c,
+                        Collective::AllGather | Collective::AllGatherV | Collective::AllToAll | Collective::AllToAllV
+                    );
+                    let writes = !matches!(c, Collective::ReduceScatter | Collective::ReduceScatterV);
+                    let any = |set: &[Plan]| {
+                        set.iter().fold((false, false), |(i, o), p| {
+                            let (pi, po) = p.peer_spaces();
+                            (i || pi, o || po)
+                        })
+                    };
+                    assert_eq!(any(&p), (reads, writes), "{what}: peer spaces");
                     let s = plans(&spec, &staged);
+                    assert_eq!(any(&s), (false, false), "{what}: staged plans address no peer buffer");
                     must_verify(&[p.clone(), s, p], &format!("{what}, a staged call between"));
                 }
             }

@@ -44,13 +44,14 @@ struct Transfer {
     len: u64,
 }
 
-/// What `rank` sends, destination by destination from `rank + 1` on (so that at world > 2
-/// ranks start on different links), its own part last; in place, the own part of an
-/// AllGather is already where it belongs.
+/// What `rank` sends: its own part first (a local copy that needs no peer's entry, so it runs
+/// while the peers' entry signals are in flight; round 83), then destination by destination
+/// from `rank + 1` on (so that at world > 2 ranks start on different links); in place, the
+/// own part of an AllGather is already where it belongs.
 fn transfers(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Vec<Transfer> {
     let world = spec.world;
     let mut out = vec![];
-    for step in 1..=world {
+    for step in 0..world {
         let to = (rank + step) % world;
         if to == rank && cfg.in_place {
             continue;
