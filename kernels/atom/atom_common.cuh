@@ -48,6 +48,16 @@ __device__ __forceinline__ V16 ld_global_v16(const void* p) {
   return v;
 }
 
+// Cached in L2 only, like the engines' cp.async.cg: a peer's bytes never sit in this SM's
+// L1, which no other GPU's stores invalidate.
+__device__ __forceinline__ V16 ld_global_cg_v16(const void* p) {
+  V16 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ void st_global_v16(void* p, const V16& v) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
                "r"(v.w[3])
@@ -335,6 +345,28 @@ __device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes) {
   for (u64 i = tid(); i < bytes; i += nthreads()) dst[i] = src[i];
 }
 
+// A share of at most kDirectVectorsPerThread 16-byte vectors per thread (8 KiB at 512
+// threads) skips the engine: each thread loads its vectors into registers, all at once, and
+// stores them. The engines' pipelines pay their set-up and drain on every call, which at
+// these sizes cost more than the one load round trip that moves the data (round 85: a
+// 1 KiB share through the cp.async pipeline took ~1.1 us).
+constexpr u32 kDirectVectorsPerThread = 2;
+
+__device__ __forceinline__ void copy_vectors_direct(V16* dst, const V16* src, u64 nvec) {
+  const u32 t = tid(), nt = nthreads();
+  V16 v[kDirectVectorsPerThread];
+#pragma unroll
+  for (u32 k = 0; k < kDirectVectorsPerThread; ++k) {
+    const u64 i = (u64)k * nt + t;
+    if (i < nvec) v[k] = ld_global_cg_v16(src + i);
+  }
+#pragma unroll
+  for (u32 k = 0; k < kDirectVectorsPerThread; ++k) {
+    const u64 i = (u64)k * nt + t;
+    if (i < nvec) st_global_v16(dst + i, v[k]);
+  }
+}
+
 template <class Engine>
 __device__ __forceinline__ void copy_share(void* dst_, const void* src_, u64 bytes, void* smem) {
   u8* dst = (u8*)dst_;
@@ -345,7 +377,11 @@ __device__ __forceinline__ void copy_share(void* dst_, const void* src_, u64 byt
     if (head > bytes) head = bytes;
     copy_bytes(dst, src, head);
     const u64 nvec = (bytes - head) / 16u;
-    if (nvec) Engine::copy_vectors((V16*)(dst + head), (const V16*)(src + head), nvec, smem);
+    if (nvec <= (u64)kDirectVectorsPerThread * nthreads()) {
+      copy_vectors_direct((V16*)(dst + head), (const V16*)(src + head), nvec);
+    } else {
+      Engine::copy_vectors((V16*)(dst + head), (const V16*)(src + head), nvec, smem);
+    }
     const u64 done = head + nvec * 16u;
     copy_bytes(dst + done, src + done, bytes - done);
   } else if ((((u64)dst ^ (u64)src) & 3u) == 0) {
@@ -406,6 +442,38 @@ __device__ __noinline__ void reduce_scalar(typename T::storage* dst, const u64* 
   }
 }
 
+// The reduce counterpart of copy_vectors_direct, for shares of at most one vector per
+// thread: the sources' vectors are loaded kDirectSources at a time before any of them is
+// combined (one round trip for all sources up to world 4, as the cp.async engine's
+// rank-interleaved pipeline overlaps them), combined in rank order.
+constexpr u32 kDirectSources = 4;
+
+template <class T, class Op>
+__device__ __forceinline__ void reduce_vectors_direct(V16* dst, const u64* srcs, u64 off, u32 n, u64 nvec) {
+  typedef typename T::acc A;
+  constexpr u32 E = T::kLanes;
+  const u64 i = tid();
+  if (i >= nvec) return;
+  A a[E];
+  for (u32 r0 = 0; r0 < n; r0 += kDirectSources) {
+    V16 v[kDirectSources];
+#pragma unroll
+    for (u32 g = 0; g < kDirectSources; ++g) {
+      if (r0 + g < n) v[g] = ld_global_cg_v16((const V16*)(srcs[r0 + g] + off) + i);
+    }
+#pragma unroll
+    for (u32 g = 0; g < kDirectSources; ++g) {
+      if (r0 + g < n) {
+        A b[E];
+        T::unpack(v[g], b);
+#pragma unroll
+        for (u32 e = 0; e < E; ++e) a[e] = r0 + g == 0 ? b[e] : Op::apply(a[e], b[e]);
+      }
+    }
+  }
+  st_global_v16(dst + i, T::pack(a));
+}
+
 template <class Engine, class T, class Op>
 __device__ __forceinline__ void reduce_share(void* dst_, const void* const* srcs_in, u32 n, u64 count, u64 src_offset,
                                              void* smem) {
@@ -424,10 +492,15 @@ __device__ __forceinline__ void reduce_share(void* dst_, const void* const* srcs
   } else if (aligned && mis % sizeof(S) == 0) {
     u64 head = ((16u - mis) & 15u) / sizeof(S);
     if (head > count) head = count;
-    reduce_scalar<T, Op>(dst, table, n, 0, head);
+    // (reduce_scalar is out of line: not called for an empty head or tail.)
+    if (head) reduce_scalar<T, Op>(dst, table, n, 0, head);
     const u64 nvec = (count - head) / T::kLanes;
-    if (nvec) Engine::template reduce_vectors<T, Op>((V16*)(dst + head), table, head * sizeof(S), n, nvec, smem);
-    reduce_scalar<T, Op>(dst, table, n, head + nvec * T::kLanes, count);
+    if (nvec <= nthreads()) {
+      reduce_vectors_direct<T, Op>((V16*)(dst + head), table, head * sizeof(S), n, nvec);
+    } else {
+      Engine::template reduce_vectors<T, Op>((V16*)(dst + head), table, head * sizeof(S), n, nvec, smem);
+    }
+    if (head + nvec * T::kLanes < count) reduce_scalar<T, Op>(dst, table, n, head + nvec * T::kLanes, count);
   } else {
     reduce_scalar<T, Op>(dst, table, n, 0, count);
   }
