@@ -166,9 +166,9 @@ impl Comm {
     /// Checked before the launch: the plan is for this rank and world, has no in-place alias
     /// (not supported here), fits the workspace, the co-residency bound and the parameter
     /// block, the buffers (on this GPU) hold the plan's input and output bytes, and where the
-    /// plan is one-copy they are symmetric buffers of this communicator. A plan that passes these checks but is otherwise wrong (a shifted region)
-    /// runs: reading or writing past the buffers is the caller's to prevent (give the
-    /// buffers slack).
+    /// plan is one-copy they are symmetric buffers of this communicator. A plan that passes
+    /// these checks but is otherwise wrong (a shifted region) runs: reading or writing past
+    /// the buffers is the caller's to prevent (give the buffers slack).
     #[doc(hidden)]
     pub fn launch_plan_for_conformance<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
         &self,
