@@ -369,6 +369,17 @@ pub fn payload_probe_unit(generation: Generation, packet_bytes: u32) -> Translat
 /// interpreter (`exec.cuh`), which is compiled for every key; at ~4 s of NVRTC each they
 /// compile at a GPU's first set-up instead (cached on disk afterwards).
 pub fn all_units(generation: Generation) -> Vec<TranslationUnit> {
+    units_of(generation, |_| true)
+}
+
+/// [`all_units`] with the interpreter's keys sampled: every dtype with `Sum`, every op with
+/// `F32`, and the copy kernel. Each dtype's and each op's code is then compiled once for the
+/// generation; the other combinations only instantiate the same templates again.
+pub fn sampled_units(generation: Generation) -> Vec<TranslationUnit> {
+    units_of(generation, |k| k.op == ExecOp::Copy || k.op == ExecOp::Sum || k.dtype == DType::F32)
+}
+
+fn units_of(generation: Generation, keep: impl Fn(&ExecKey) -> bool) -> Vec<TranslationUnit> {
     let mut units = vec![
         smoke_unit(),
         packet_stress_unit(),
@@ -377,7 +388,7 @@ pub fn all_units(generation: Generation) -> Vec<TranslationUnit> {
         payload_probe_unit(generation, 16),
     ];
     let keys = executor_keys(AtomSpec::new(generation));
-    units.extend(keys.iter().map(ExecKey::unit));
+    units.extend(keys.iter().filter(|k| keep(k)).map(ExecKey::unit));
     let sampled: Vec<ExecKey> = keys
         .iter()
         .copied()
