@@ -240,12 +240,12 @@ fn main() -> Result<()> {
     timeline(&mut ranks, &setup)?;
     // Freed together before the communicators close (a buffer still held at teardown is
     // reported leaked).
-    let (comms, buffers): (Vec<Comm>, Vec<_>) = ranks.into_iter().map(|r| (r.comm, [r.input, r.output])).unzip();
-    let [ins, outs]: [Vec<_>; 2] = buffers.into_iter().fold([vec![], vec![]], |[mut i, mut o], [a, b]| {
-        i.push(a);
-        o.push(b);
-        [i, o]
-    });
+    let (mut comms, mut ins, mut outs) = (Vec::new(), Vec::new(), Vec::new());
+    for r in ranks {
+        comms.push(r.comm);
+        ins.push(r.input);
+        outs.push(r.output);
+    }
     Comm::free_symmetric_group(&comms, outs)?;
     Comm::free_symmetric_group(&comms, ins)?;
     Ok(())

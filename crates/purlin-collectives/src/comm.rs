@@ -1386,12 +1386,7 @@ impl Comm {
             return Err(Error::Poisoned(why));
         }
         let mut rt = self.runtime(input, output);
-        if let Some(p) = peers.outputs {
-            rt.peer_output = p;
-        }
-        if let Some(p) = peers.inputs {
-            rt.peer_input = p;
-        }
+        peers.fill(&mut rt);
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
         // offsets, checked by `collective_in_place`), kept alive by the caller's borrow until the launch
@@ -1536,6 +1531,17 @@ impl PeerBuffers {
     /// (inputs symmetric, outputs symmetric).
     pub(crate) fn flags(&self) -> (bool, bool) {
         (self.inputs.is_some(), self.outputs.is_some())
+    }
+
+    /// Puts every rank's symmetric input and output, where there are some, into a call's
+    /// runtime pointers (one-copy plans read them; other plans never do).
+    pub(crate) fn fill(&self, rt: &mut crate::exec_device::ExecRuntime) {
+        if let Some(p) = self.outputs {
+            rt.peer_output = p;
+        }
+        if let Some(p) = self.inputs {
+            rt.peer_input = p;
+        }
     }
 }
 

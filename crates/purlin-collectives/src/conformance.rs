@@ -233,12 +233,7 @@ impl Comm {
                 )));
             }
             let mut rt = self.runtime(in_ptr, out_ptr);
-            if let Some(p) = peers.outputs.filter(|_| need_outputs) {
-                rt.peer_output = p;
-            }
-            if let Some(p) = peers.inputs.filter(|_| need_inputs) {
-                rt.peer_input = p;
-            }
+            peers.fill(&mut rt);
             rt.trace = trace_ptr;
             rt.trace_capacity = capacity as u64;
             // SAFETY: `in_ptr`/`out_ptr` come from cudarc buffers on this GPU holding at least
