@@ -538,7 +538,17 @@ impl Plan {
         let mut err: Option<PlanError> = None;
         for (b, block) in self.blocks.iter().enumerate() {
             for (i, s) in block.steps.iter().enumerate() {
-                if let Step::ChunkLoop { body, .. } = s {
+                if let Step::ChunkLoop { body, trips } = s {
+                    // The device executors count chunks, and compute their slots, in 32 bits
+                    // (a 64-bit division is a ~0.2 us subroutine there, round 98).
+                    if *trips > u64::from(u32::MAX) {
+                        return Err(PlanError::Step {
+                            rank,
+                            block: b,
+                            step: format!("{i}"),
+                            what: format!("a chunk loop of {trips} trips (at most 2^32 - 1)"),
+                        });
+                    }
                     if body.iter().any(|t| matches!(t, Step::ChunkLoop { .. })) {
                         return Err(PlanError::Step {
                             rank,
@@ -641,6 +651,9 @@ impl Plan {
                 return Err(format!("{:?} names a rank outside world {world}", r.space));
             }
             _ => {}
+        }
+        if r.offset.chunk_modulus > u64::from(u32::MAX) {
+            return Err(format!("region {r:?} cycles over more than 2^32 - 1 slots"));
         }
         if lo >= hi {
             return Ok(());

@@ -624,3 +624,43 @@ fn peer_buffers_keep_their_direction() {
         println!("{what}: {err}");
     }
 }
+
+/// The device executors count chunks and compute chunk slots in 32 bits: `Plan::check`
+/// refuses a loop of 2^32 trips and an offset cycling over 2^32 slots, which a derived plan
+/// never has.
+#[test]
+fn chunk_counts_and_slot_counts_fit_32_bits() {
+    let cfg = small(Regime::Throughput, StagingSide::Peer, 1);
+    let spec = spec_of(Collective::AllGather, 2, DataType::U8, 64, vec![]);
+    let good = plans(&spec, &cfg);
+    assert!(good.iter().all(|p| p.check().is_ok()));
+    let with_loop = |p: &Plan| {
+        p.blocks.iter().position(|b| b.steps.iter().any(|s| matches!(s, Step::ChunkLoop { .. }))).expect("a chunk loop")
+    };
+    let mut bad = good[0].clone();
+    let b = with_loop(&bad);
+    for step in &mut bad.blocks[b].steps {
+        if let Step::ChunkLoop { trips, .. } = step {
+            *trips = 1 << 32;
+        }
+    }
+    let err = bad.check().expect_err("2^32 trips");
+    assert!(err.to_string().contains("trips"), "{err}");
+
+    let mut bad = good[0].clone();
+    let b = with_loop(&bad);
+    let mut changed = false;
+    for step in &mut bad.blocks[b].steps {
+        if let Step::ChunkLoop { body, .. } = step {
+            for s in body.iter_mut() {
+                if let Step::Stage { src, .. } | Step::Gather { src, .. } = s {
+                    src.offset.chunk_modulus = 1 << 32;
+                    changed = true;
+                }
+            }
+        }
+    }
+    assert!(changed, "no stage or gather in the loop");
+    let err = bad.check().expect_err("2^32 slots");
+    assert!(err.to_string().contains("2^32"), "{err}");
+}
