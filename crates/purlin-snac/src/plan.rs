@@ -505,10 +505,11 @@ impl Plan {
         }
     }
 
-    /// Structural checks of one plan: ranks in range, loops only at the top level, regions in
-    /// bounds for every chunk the step can run at and both senses, flag and counter indices in
-    /// range, window sources exactly where `expect` is given, blocks within the co-residency
-    /// bound and the epoch words.
+    /// Structural checks of one plan: ranks in range, loops only at the top level and of fewer
+    /// than 2^32 trips, offsets cycling over fewer than 2^32 slots (the device executors
+    /// compute chunk slots in 32 bits), regions in bounds for every chunk the step can run at
+    /// and both senses, flag and counter indices in range, window sources exactly where
+    /// `expect` is given, blocks within the co-residency bound and the epoch words.
     pub fn check(&self) -> Result<(), PlanError> {
         self.spec.validate()?;
         let (rank, world) = (self.rank, self.spec.world);
