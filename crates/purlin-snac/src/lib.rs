@@ -41,8 +41,10 @@
 //! this block's HandshakeWaits)) | 1`. All epochs of all ranks are equal between calls.
 //!
 //! **Chunks.** Outside a [`Step::ChunkLoop`], `c = 0`. A loop runs its body for
-//! `c = 0..trips`, in order; loops do not nest. A step whose [`Guard`] does not admit `c` is
-//! skipped (guards depend only on `c`, so a block's control flow is uniform). Offsets are
+//! `c = 0..trips`, in order; loops do not nest. `trips` and every offset's slot count
+//! (`chunk_modulus`) stay below 2^32 ([`Plan::check`]), so an executor may compute chunks and
+//! slots in 32 bits. A step whose [`Guard`] does not admit `c` is skipped (guards depend only
+//! on `c`, so a block's control flow is uniform). Offsets are
 //! [`Offset::at`]`(c, s)`, lengths [`Len::at`]`(c)` bytes, indices [`Index::at`]`(c)`.
 //! A data step whose length is 0 does nothing (but still takes part in ordering).
 //!

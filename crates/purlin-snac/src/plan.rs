@@ -506,8 +506,8 @@ impl Plan {
     }
 
     /// Structural checks of one plan: ranks in range, loops only at the top level and of fewer
-    /// than 2^32 trips, offsets cycling over fewer than 2^32 slots (the device executors
-    /// compute chunk slots in 32 bits), regions in bounds for every chunk the step can run at
+    /// than 2^32 trips, offsets cycling over fewer than 2^32 slots (executors may compute
+    /// chunks and slots in 32 bits), regions in bounds for every chunk the step can run at
     /// and both senses, flag and counter indices in range, window sources exactly where
     /// `expect` is given, blocks within the co-residency bound and the epoch words.
     pub fn check(&self) -> Result<(), PlanError> {
@@ -540,8 +540,7 @@ impl Plan {
         for (b, block) in self.blocks.iter().enumerate() {
             for (i, s) in block.steps.iter().enumerate() {
                 if let Step::ChunkLoop { body, trips } = s {
-                    // The device executors count chunks, and compute their slots, in 32 bits
-                    // (a 64-bit division is a ~0.2 us subroutine there, round 98).
+                    // The plan contract: executors may count chunks in 32 bits.
                     if *trips > u64::from(u32::MAX) {
                         return Err(PlanError::Step {
                             rank,
