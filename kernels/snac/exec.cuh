@@ -115,18 +115,25 @@ __device__ __forceinline__ bool admits(const u64* g, u64 c) { return g[0] <= c &
 __device__ __forceinline__ u32 space_kind(const u64* r) { return (u32)(r[0] >> 32); }
 __device__ __forceinline__ u32 space_rank(const u64* r) { return (u32)(r[0] & 0xffffffffull); }
 
+// The Runtime word that holds a space's base: input 0, output 1, then a rank's staging,
+// window, peer output or peer input. Arithmetic on one constant, not a switch: the switch
+// compiled to a jump table read from the constant bank and an indirect branch per region.
+// A kind past kPeerInput reads as a window, as the switch's default did.
+__device__ __forceinline__ u32 runtime_base_word(u32 kind, u32 rank) {
+  // Runtime's layout in words (NVRTC has no offsetof): input, output, staging[16], window[16],
+  // flags[16], six single words, peer_output[16], peer_input[16].
+  constexpr u64 kStagingWord = 2, kWindowWord = kStagingWord + kMaxWorld;
+  constexpr u64 kPeerOutputWord = kWindowWord + 2 * kMaxWorld + 6, kPeerInputWord = kPeerOutputWord + kMaxWorld;
+  static_assert(kPeerInputWord + kMaxWorld == sizeof(Runtime) / sizeof(u64), "Runtime's layout changed");
+  constexpr u64 kFirstWord = 0ull | 1ull << 8 | kStagingWord << 16 | kWindowWord << 24 | kPeerOutputWord << 32 |
+                             kPeerInputWord << 40;
+  const u32 k = kind > kPeerInput ? (u32)kWindow : kind;
+  return (u32)((kFirstWord >> (8 * k)) & 0xff) + (k >= kStaging ? rank % kMaxWorld : 0);
+}
+
 // A non-window region's address at chunk c.
 __device__ __forceinline__ u8* region_ptr(const Ctx& x, const u64* r, u64 c) {
-  const u32 rank = space_rank(r);
-  u64 base = 0;
-  switch (space_kind(r)) {
-    case kInput: base = x.rt->input; break;
-    case kOutput: base = x.rt->output; break;
-    case kStaging: base = x.rt->staging[rank]; break;
-    case kPeerOutput: base = x.rt->peer_output[rank]; break;
-    case kPeerInput: base = x.rt->peer_input[rank]; break;
-    default: base = x.rt->window[rank]; break;
-  }
+  const u64 base = ((const u64*)x.rt)[runtime_base_word(space_kind(r), space_rank(r))];
   return (u8*)(base + off_at(r + 1, c, x.sense));
 }
 
