@@ -239,7 +239,7 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
     const u64* r = records + (at - base);
     const u64 tag = r[0];
     const u64 record_words = (tag >> 8) & 0xffff;
-    if ((tag & 0xff) == kLoop) {
+    if ((tag & 0xff) == kLoop && r[1] != 1) {
       const u64 trips = r[1];
       const u64 body = tag >> 24;
       for (u64 c = 0; c < trips && ok; ++c) {
@@ -258,11 +258,20 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
       for (u64 i = 0; i < body; ++i) next += (records[next - base] >> 8) & 0xffff;
       at = next;
     } else {
-      trace(x, at, 0);
-      run_step(x, r, at, 0, fresh);
-      fresh = fresh && (tag & 0xff) == kSignal;
-      ok = !block_failed();
-      at += record_words;
+      // A top-level step, or the body of a loop of one trip (a one-copy plan's, at most
+      // sizes): chunk 0 as a literal, so that guards, offsets and lengths fold.
+      const bool loop = (tag & 0xff) == kLoop;
+      const u64 body = loop ? tag >> 24 : 1;
+      u64 b_at = loop ? at + record_words : at;
+      for (u64 i = 0; i < body && ok; ++i) {
+        const u64* b = records + (b_at - base);
+        trace(x, b_at, 0);
+        run_step(x, b, b_at, 0, fresh);
+        fresh = fresh && (b[0] & 0xff) == kSignal;
+        ok = !block_failed();
+        b_at += (b[0] >> 8) & 0xffff;
+      }
+      at = b_at;  // past the step or the loop's body (a failed block stops here anyway)
     }
   }
   trace_end(x, ok);
