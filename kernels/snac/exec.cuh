@@ -129,6 +129,7 @@ __device__ __forceinline__ u32 runtime_base_word(u32 kind, u32 rank) {
   constexpr u64 kFirstWord = 0ull | 1ull << 8 | kStagingWord << 16 | kWindowWord << 24 | kPeerOutputWord << 32 |
                              kPeerInputWord << 40;
   const u32 k = kind > kPeerInput ? (u32)kWindow : kind;
+  // (A checked plan's ranks are below kMaxWorld; the remainder keeps any word inside Runtime.)
   return (u32)((kFirstWord >> (8 * k)) & 0xff) + (k >= kStaging ? rank % kMaxWorld : 0);
 }
 

@@ -258,8 +258,9 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
       for (u64 i = 0; i < body; ++i) next += (records[next - base] >> 8) & 0xffff;
       at = next;
     } else {
-      // A top-level step, or the body of a loop of one trip (a one-copy plan's, at most
-      // sizes): chunk 0 as a literal, so that guards, offsets and lengths fold. Measured
+      // A top-level step, or the body of a loop of one trip (a one-copy plan's while a
+      // transfer fits one chunk, a staged plan's up to its minimum chunk): chunk 0 as a
+      // literal, so that guards, offsets and lengths fold. Measured
       // against running one-trip loops as loops: one-copy calls up to 1.1 us faster, staged
       // 0.24-0.9 up to 4 MiB, where their loops have one trip (round 110; at 16 MiB, with
       // more trips, 0.2-3.1 faster too: code layout).
