@@ -8,6 +8,10 @@
 //!   `gpu-round --lean` only what collective rounds use, to fit the device tool's 64 MiB
 //! - `bench`      the collectives benchmark (`purlin-bench`), Purlin beside NCCL (without a GPU:
 //!   Purlin's host executor alone, and it says so)
+//! - `cubin`      compile the Hopper units whose name contains FILTER into DIR (for `nvdisasm`)
+//! - `resources`  compile the Hopper units whose name contains FILTER afresh and print ptxas's
+//!   registers, stack frame and spills per function (check a kernel change's spills before
+//!   spending device time on it)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,9 +29,10 @@ fn main() -> Result<()> {
         "gpu-round" => gpu_round(rest),
         "bench" => bench(rest),
         "cubin" => cubin(rest),
+        "resources" => resources(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR]>"
+                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR] | resources [FILTER]>"
             );
             if cmd == "help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
         }
@@ -317,16 +322,47 @@ fn tracked_bytes(root: &Path) -> Result<u64> {
 fn cubin(args: &[String]) -> Result<()> {
     let filter = args.first().context("usage: cargo xtask cubin FILTER [DIR]")?;
     let dir = args.get(1).map_or_else(|| PathBuf::from("target/cubin"), PathBuf::from);
+    let jobs = hopper_units(filter)?;
+    for key in compile_all(&purlin_atom::KernelCache::new(&dir), &ensure_nvrtc()?, &jobs)? {
+        println!("{}", dir.join(format!("{}.cubin", key.key)).display());
+    }
+    Ok(())
+}
+
+/// The runtime's Hopper units whose name contains `filter`, for sm_90.
+fn hopper_units(filter: &str) -> Result<Vec<(purlin_atom::TranslationUnit, purlin_atom::Arch)>> {
     let jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
         .into_iter()
-        .filter(|unit| unit.name.contains(filter.as_str()))
+        .filter(|unit| unit.name.contains(filter))
         .map(|unit| (unit, purlin_atom::Arch::SM90))
         .collect();
     if jobs.is_empty() {
         bail!("no runtime unit's name contains {filter:?}");
     }
-    for key in compile_all(&purlin_atom::KernelCache::new(&dir), &ensure_nvrtc()?, &jobs)? {
-        println!("{}", dir.join(format!("{}.cubin", key.key)).display());
+    Ok(jobs)
+}
+
+fn resources(args: &[String]) -> Result<()> {
+    let jobs = hopper_units(args.first().map_or("", String::as_str))?;
+    // A fresh cache directory: the report exists only for CUBINs compiled now.
+    let dir = std::env::temp_dir().join(format!("purlin-resources-{}", std::process::id()));
+    let compiled = compile_all(&purlin_atom::KernelCache::new(&dir), &ensure_nvrtc()?, &jobs);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("{:<34} {:<5} {:>5} {:>6} {:>7} {:>7}  function", "unit", "kind", "regs", "stack", "spill-st", "spill-ld");
+    for (kernel, (unit, _)) in compiled?.iter().zip(&jobs) {
+        for f in kernel.resources.iter().flatten() {
+            let regs = f.registers.map_or_else(|| "-".to_string(), |r| r.to_string());
+            println!(
+                "{:<34} {:<5} {:>5} {:>6} {:>8} {:>8}  {}",
+                unit.name,
+                if f.entry { "entry" } else { "func" },
+                regs,
+                f.stack_frame_bytes,
+                f.spill_store_bytes,
+                f.spill_load_bytes,
+                f.function
+            );
+        }
     }
     Ok(())
 }

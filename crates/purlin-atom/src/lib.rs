@@ -26,4 +26,4 @@ pub mod sources;
 pub use device::{AtomError, DeviceAtom, DeviceBuffer, MAX_SOURCES};
 pub use dtype::{AtomElem, DType, F8E4M3, F8E5M2, ReduceOp};
 pub use generation::{AtomParams, AtomSpec, Generation, GenerationError, atom_headers};
-pub use nvrtc::{Arch, CompiledKernel, KernelCache, NvrtcError, TranslationUnit};
+pub use nvrtc::{Arch, CompiledKernel, FunctionResources, KernelCache, NvrtcError, TranslationUnit};

@@ -113,6 +113,83 @@ pub struct CompiledKernel {
     pub key: String,
     /// Whether it came from the on-disk cache.
     pub from_cache: bool,
+    /// What ptxas reported for each function it compiled; `None` when the CUBIN came from
+    /// the cache (the report is not stored).
+    pub resources: Option<Vec<FunctionResources>>,
+}
+
+/// What ptxas reports (`--ptxas-options=-v`) for one function of a CUBIN: its registers,
+/// stack frame and register spills. Spills are local-memory traffic the source did not ask
+/// for, and on the executor they cost whole microseconds per call (PERFORMANCE.md rounds 113
+/// and 118), so the compile checks hold the entry points to a spill budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FunctionResources {
+    /// The function's symbol (an `extern "C"` name or a mangled C++ name).
+    pub function: String,
+    /// Whether it is a kernel entry point (`__global__`), not an out-of-line device function.
+    pub entry: bool,
+    /// Registers per thread; ptxas reports them for entry points only.
+    pub registers: Option<u32>,
+    /// Bytes of stack frame per thread (local arrays, spills, call frames).
+    pub stack_frame_bytes: u32,
+    /// Bytes of register spill stores per thread.
+    pub spill_store_bytes: u32,
+    /// Bytes of register spill loads per thread.
+    pub spill_load_bytes: u32,
+}
+
+impl FunctionResources {
+    /// Whether ptxas spilled registers in this function.
+    pub fn spills(&self) -> bool {
+        self.spill_store_bytes > 0 || self.spill_load_bytes > 0
+    }
+}
+
+/// Parses ptxas's verbose report (NVRTC's program log under `--ptxas-options=-v`) into one
+/// record per function, in the order ptxas lists them. Lines it does not know are skipped:
+/// the report is informational and its wording may grow.
+pub fn parse_ptxas_report(log: &str) -> Vec<FunctionResources> {
+    let mut functions: Vec<FunctionResources> = Vec::new();
+    let mut entries: Vec<String> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            if let Some(name) = rest.split('\'').next() {
+                entries.push(name.to_string());
+            }
+        } else if let Some(name) = line.split("Function properties for ").nth(1) {
+            let function = name.trim().to_string();
+            let entry = entries.contains(&function);
+            functions.push(FunctionResources { function, entry, ..FunctionResources::default() });
+        } else if line.contains("bytes stack frame") {
+            let Some(current) = functions.last_mut() else { continue };
+            for part in line.split(',') {
+                let value = part.split_whitespace().find_map(|w| w.parse::<u32>().ok()).unwrap_or(0);
+                if part.contains("stack frame") {
+                    current.stack_frame_bytes = value;
+                } else if part.contains("spill stores") {
+                    current.spill_store_bytes = value;
+                } else if part.contains("spill loads") {
+                    current.spill_load_bytes = value;
+                }
+            }
+        } else if let Some(rest) = line.split("Used ").nth(1) {
+            // "Used 32 registers, ..." closes the report of the entry being compiled, after
+            // the properties of the entry and of any function it calls.
+            let mut words = rest.split_whitespace();
+            let (Some(count), Some("registers,") | Some("registers")) = (words.next(), words.next()) else { continue };
+            let (Ok(count), Some(entry)) = (count.parse::<u32>(), entries.last()) else { continue };
+            match functions.iter_mut().rev().find(|f| &f.function == entry) {
+                Some(function) => function.registers = Some(count),
+                None => functions.push(FunctionResources {
+                    function: entry.clone(),
+                    entry: true,
+                    registers: Some(count),
+                    ..FunctionResources::default()
+                }),
+            }
+        }
+    }
+    functions
 }
 
 /// Environment variable naming a directory that holds `libnvrtc.so.13` (searched first).
@@ -231,6 +308,14 @@ pub fn version() -> Result<(i32, i32), NvrtcError> {
 
 /// Compiles a translation unit to CUBIN for `arch`, without the cache.
 pub fn compile_cubin(unit: &TranslationUnit, arch: Arch) -> Result<Vec<u8>, NvrtcError> {
+    compile_with_resources(unit, arch).map(|(cubin, _)| cubin)
+}
+
+/// [`compile_cubin`], with what ptxas reported for each function it compiled.
+pub fn compile_with_resources(
+    unit: &TranslationUnit,
+    arch: Arch,
+) -> Result<(Vec<u8>, Vec<FunctionResources>), NvrtcError> {
     use cudarc::nvrtc::sys;
     load()?;
     let nul = |what| move |_| NvrtcError::Nul(what);
@@ -247,6 +332,8 @@ pub fn compile_cubin(unit: &TranslationUnit, arch: Arch) -> Result<Vec<u8>, Nvrt
     let mut options: Vec<CString> = vec![
         CString::new(format!("-arch={}", arch.sm())).map_err(nul("option"))?,
         CString::new("-std=c++17").map_err(nul("option"))?,
+        // The resource report only: ptxas's code is the same with or without it.
+        CString::new("--ptxas-options=-v").map_err(nul("option"))?,
     ];
     for opt in &unit.options {
         options.push(CString::new(opt.as_str()).map_err(nul("option"))?);
@@ -279,7 +366,7 @@ fn compile_program(
     options: &[*const c_char],
     unit: &TranslationUnit,
     arch: Arch,
-) -> Result<Vec<u8>, NvrtcError> {
+) -> Result<(Vec<u8>, Vec<FunctionResources>), NvrtcError> {
     use cudarc::nvrtc::sys;
     // SAFETY: `prog` is a live program; `options` points to live C strings.
     let status = unsafe { sys::nvrtcCompileProgram(prog, options.len() as c_int, options.as_ptr()) };
@@ -297,7 +384,8 @@ fn compile_program(
     let mut cubin = vec![0u8; size];
     // SAFETY: `cubin` has exactly the size NVRTC reported.
     check("nvrtcGetCUBIN", unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) })?;
-    Ok(cubin)
+    let log = program_log(prog)?;
+    Ok((cubin, parse_ptxas_report(&log)))
 }
 
 fn program_log(prog: cudarc::nvrtc::sys::nvrtcProgram) -> Result<String, NvrtcError> {
@@ -417,10 +505,10 @@ impl KernelCache {
         let path = self.dir.join(format!("{key}.cubin"));
         if let Ok(cubin) = std::fs::read(&path) {
             if !cubin.is_empty() {
-                return Ok(CompiledKernel { cubin, key, from_cache: true });
+                return Ok(CompiledKernel { cubin, key, from_cache: true, resources: None });
             }
         }
-        let cubin = compile_cubin(unit, arch)?;
+        let (cubin, resources) = compile_with_resources(unit, arch)?;
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| NvrtcError::Cache { path, source }
@@ -433,6 +521,60 @@ impl KernelCache {
         let tmp = self.dir.join(format!("{key}.cubin.{}-{seq}.tmp", std::process::id()));
         std::fs::write(&tmp, &cubin).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
-        Ok(CompiledKernel { cubin, key, from_cache: false })
+        Ok(CompiledKernel { cubin, key, from_cache: false, resources: Some(resources) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // ptxas's report of the f32 sum executor (NVRTC 13.0.88, 2026-12-03), trimmed: two entry
+    // points, each followed by the out-of-line functions it calls.
+    const REPORT: &str = "\
+ptxas info    : 145 bytes gmem
+ptxas info    : Compiling entry function 'purlin_snac_exec_global' for 'sm_90'
+ptxas info    : Function properties for purlin_snac_exec_global
+ptxas         .     272 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers, 272 bytes cumulative stack size, 4352 bytes smem
+ptxas info    : Compile time = 1562.844 ms
+ptxas info    : Function properties for _ZN6purlin4snac17chunk_slot_divideEyy
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'purlin_snac_exec' for 'sm_90'
+ptxas info    : Function properties for purlin_snac_exec
+ptxas         .     256 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 126 registers, used 1 barriers, 256 bytes cumulative stack size, 256 bytes smem
+ptxas info    : Compile time = 1401.549 ms
+";
+
+    #[test]
+    fn the_ptxas_report_parses_into_one_record_per_function() {
+        let functions = parse_ptxas_report(REPORT);
+        let expected = [
+            ("purlin_snac_exec_global", true, Some(128), 272, 8, 4),
+            ("_ZN6purlin4snac17chunk_slot_divideEyy", false, None, 0, 0, 0),
+            ("purlin_snac_exec", true, Some(126), 256, 0, 0),
+        ];
+        assert_eq!(functions.len(), expected.len(), "{functions:?}");
+        for (f, (name, entry, registers, stack, stores, loads)) in functions.iter().zip(expected) {
+            assert_eq!(
+                (
+                    f.function.as_str(),
+                    f.entry,
+                    f.registers,
+                    f.stack_frame_bytes,
+                    f.spill_store_bytes,
+                    f.spill_load_bytes
+                ),
+                (name, entry, registers, stack, stores, loads)
+            );
+        }
+        assert!(functions[0].spills() && !functions[2].spills());
+    }
+
+    #[test]
+    fn an_empty_or_foreign_log_parses_to_nothing() {
+        assert!(parse_ptxas_report("").is_empty());
+        assert!(parse_ptxas_report("warning: something else\nUsed 3 registers").is_empty());
     }
 }

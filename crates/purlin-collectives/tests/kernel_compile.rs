@@ -52,6 +52,109 @@ fn runtime_units_compile_to_cubin() {
         }
     }
     println!("{} translation units compiled", jobs.len());
+    check_spill_ceilings(&compiled, &jobs);
+}
+
+/// Register spills of the executor's entry points on sm_90, bytes stored / loaded per thread,
+/// at most, by element type (every op, both entry points). A spill on the interpreter's path
+/// costs whole microseconds per call (PERFORMANCE.md: round 113's by-value spill made every
+/// graph call ~1 µs slower; round 118's `Ctx` in local memory 0.4–1.5 µs), and NVRTC says so
+/// at compile time: a change that spills more fails here, before any device time is spent.
+/// The ceilings are what main compiles to (NVRTC 13.0.88, 2026-12-03): lower them as spills
+/// are taken out, never raise them without a measurement that says the spill is cheaper.
+const SPILL_CEILINGS_SM90: &[(&str, u32, u32)] = &[
+    ("u32", 0, 0),
+    ("i32", 0, 0),
+    ("f32", 16, 8),
+    ("bf16", 166, 224),
+    ("f16", 206, 384),
+    ("e4m3", 438, 872),
+    ("e5m2", 710, 912),
+];
+
+fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purlin_atom::TranslationUnit, Arch)]) {
+    let mut checked = 0;
+    for (kernel, (unit, arch)) in compiled.iter().zip(jobs) {
+        let resources = kernel.resources.as_ref().unwrap_or_else(|| panic!("{}: no ptxas report", unit.name));
+        for f in resources.iter().filter(|f| f.entry && f.spills()) {
+            println!(
+                "{arch} {}: {} spills {} B stored, {} B loaded",
+                unit.name, f.function, f.spill_store_bytes, f.spill_load_bytes
+            );
+        }
+        if *arch != Arch::SM90 {
+            continue;
+        }
+        let entries: Vec<_> = resources.iter().filter(|f| f.entry).collect();
+        if unit.name.starts_with("purlin_shaped_") {
+            // The shaped executor's record offsets are literals: nothing long-lived to spill.
+            assert_eq!(entries.len(), 2, "{}: {entries:?}", unit.name);
+            for f in &entries {
+                assert!(!f.spills(), "{}: {} spills: {f:?}", unit.name, f.function);
+            }
+            checked += 1;
+        } else if let Some(key) = unit.name.strip_prefix("purlin_exec_") {
+            // purlin_exec_<atom>_<dtype>_<op>_p<bytes>
+            let dtype = key.split('_').nth(1).unwrap_or_else(|| panic!("{}: no dtype in the name", unit.name));
+            let &(_, stores, loads) = SPILL_CEILINGS_SM90
+                .iter()
+                .find(|(tag, ..)| *tag == dtype)
+                .unwrap_or_else(|| panic!("{}: no spill ceiling for {dtype}", unit.name));
+            assert_eq!(entries.len(), 2, "{}: {entries:?}", unit.name);
+            for f in &entries {
+                assert!(f.registers.is_some_and(|r| r > 0), "{}: {f:?}", unit.name);
+                assert!(
+                    f.spill_store_bytes <= stores && f.spill_load_bytes <= loads,
+                    "{}: {} spills {} B stored / {} B loaded, over the ceiling {stores} / {loads}: {f:?}",
+                    unit.name,
+                    f.function,
+                    f.spill_store_bytes,
+                    f.spill_load_bytes
+                );
+                // The graph path (by value) of the 32-bit kernels the A/B rounds measure is
+                // spill-free; round 113's regression was a spill there alone.
+                if f.function == "purlin_snac_exec" && stores <= 16 {
+                    assert!(!f.spills(), "{}: the by-value entry spills: {f:?}", unit.name);
+                }
+            }
+            checked += 1;
+        }
+    }
+    // Not vacuous: every sm_90 executor and shaped unit was held to its ceiling.
+    let expected = jobs
+        .iter()
+        .filter(|(u, a)| {
+            *a == Arch::SM90 && (u.name.starts_with("purlin_exec_") || u.name.starts_with("purlin_shaped_"))
+        })
+        .count();
+    assert!(expected > 0);
+    assert_eq!(checked, expected);
+}
+
+#[test]
+fn ptxas_reports_a_spill_it_was_forced_into() {
+    nvrtc::load().expect("libnvrtc is required");
+    // 64 live floats in a kernel capped at 32 registers per thread (1024 threads, 2 blocks
+    // per SM on 64K registers) must spill; the same body without the cap must not.
+    let body = "{ float v[64];\n#pragma unroll\nfor (int i = 0; i < 64; ++i) v[i] = p[i * n];\n\
+                float s = 0.f;\n#pragma unroll\nfor (int i = 0; i < 64; ++i) s += v[i] * v[63 - i];\n\
+                #pragma unroll\nfor (int i = 0; i < 64; ++i) p[i * n + 1] = v[i] + s; }";
+    let source = format!(
+        "extern \"C\" __global__ void __launch_bounds__(1024, 2) capped(float* p, int n) {body}\n\
+         extern \"C\" __global__ void uncapped(float* p, int n) {body}\n"
+    );
+    let unit = purlin_atom::TranslationUnit { name: "spill_probe".into(), source, headers: vec![], options: vec![] };
+    let (cubin, resources) = nvrtc::compile_with_resources(&unit, Arch::SM90).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(&cubin[..4], b"\x7fELF");
+    let find = |name: &str| {
+        resources.iter().find(|f| f.function == name).unwrap_or_else(|| panic!("no report for {name}: {resources:?}"))
+    };
+    let (capped, uncapped) = (find("capped"), find("uncapped"));
+    assert!(capped.entry && uncapped.entry);
+    assert!(capped.registers.is_some_and(|r| r <= 32), "{capped:?}");
+    assert!(capped.spill_store_bytes > 0 && capped.spill_load_bytes > 0, "{capped:?}");
+    assert!(uncapped.registers.is_some_and(|r| r > 32), "{uncapped:?}");
+    assert!(!uncapped.spills(), "{uncapped:?}");
 }
 
 #[test]
