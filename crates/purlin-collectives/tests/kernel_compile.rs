@@ -62,14 +62,15 @@ fn runtime_units_compile_to_cubin() {
 /// at compile time: a change that spills more fails here, before any device time is spent.
 /// The ceilings are what main compiles to (NVRTC 13.0.88, 2026-12-03): lower them as spills
 /// are taken out, never raise them without a measurement that says the spill is cheaper.
-const SPILL_CEILINGS_SM90: &[(&str, u32, u32)] = &[
-    ("u32", 0, 0),
-    ("i32", 0, 0),
-    ("f32", 16, 8),
-    ("bf16", 166, 224),
-    ("f16", 206, 384),
-    ("e4m3", 438, 872),
-    ("e5m2", 710, 912),
+/// The last column: the by-value entry point (the graph path) spills nothing at all.
+const SPILL_CEILINGS_SM90: &[(&str, u32, u32, bool)] = &[
+    ("u32", 0, 0, true),
+    ("i32", 0, 0, true),
+    ("f32", 16, 8, true),
+    ("bf16", 166, 224, false),
+    ("f16", 206, 384, false),
+    ("e4m3", 438, 872, false),
+    ("e5m2", 710, 912, false),
 ];
 
 fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purlin_atom::TranslationUnit, Arch)]) {
@@ -96,7 +97,7 @@ fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purli
         } else if let Some(key) = unit.name.strip_prefix("purlin_exec_") {
             // purlin_exec_<atom>_<dtype>_<op>_p<bytes>
             let dtype = key.split('_').nth(1).unwrap_or_else(|| panic!("{}: no dtype in the name", unit.name));
-            let &(_, stores, loads) = SPILL_CEILINGS_SM90
+            let &(_, stores, loads, by_value_spill_free) = SPILL_CEILINGS_SM90
                 .iter()
                 .find(|(tag, ..)| *tag == dtype)
                 .unwrap_or_else(|| panic!("{}: no spill ceiling for {dtype}", unit.name));
@@ -111,9 +112,8 @@ fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purli
                     f.spill_store_bytes,
                     f.spill_load_bytes
                 );
-                // The graph path (by value) of the 32-bit kernels the A/B rounds measure is
-                // spill-free; round 113's regression was a spill there alone.
-                if f.function == "purlin_snac_exec" && stores <= 16 {
+                // Round 113's regression was a spill in the by-value entry alone.
+                if f.function == "purlin_snac_exec" && by_value_spill_free {
                     assert!(!f.spills(), "{}: the by-value entry spills: {f:?}", unit.name);
                 }
             }
