@@ -12,12 +12,16 @@
 //! - `resources`  compile the Hopper units whose name contains FILTER afresh and print ptxas's
 //!   registers, stack frame and spills per function (check a kernel change's spills before
 //!   spending device time on it)
+//! - `ab-round`   build an A/B round of git refs for the GPU machine: each ref's purlin-bench,
+//!   the candidates' GPU tests, every ref's kernels, the sweeps and a comparison script
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use xtask::{NVRTC_WHEEL, nvrtc_install_dir, nvrtc_lib_dir, workspace_root};
+
+mod ab_round;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -30,9 +34,10 @@ fn main() -> Result<()> {
         "bench" => bench(rest),
         "cubin" => cubin(rest),
         "resources" => resources(rest),
+        "ab-round" => ab_round::ab_round(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR] | resources [FILTER]>"
+                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR] | resources [FILTER] | ab-round [--out DIR] BASE CANDIDATE...>"
             );
             if cmd == "help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
         }
@@ -40,8 +45,13 @@ fn main() -> Result<()> {
 }
 
 fn cargo() -> Command {
+    cargo_in(&workspace_root())
+}
+
+/// Cargo, run in `dir` (another checkout: `ab-round`'s worktrees).
+fn cargo_in(dir: &Path) -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.current_dir(workspace_root());
+    c.current_dir(dir);
     c
 }
 
