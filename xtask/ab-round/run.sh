@@ -38,10 +38,11 @@ while IFS='|' read -r sweep environment args; do
     for v in "${VARIANTS[@]}"; do
       out="$LOGS/$sweep-$v-$rep"
       if [ "$SECONDS" -ge "$DEADLINE" ]; then echo "$sweep $v $rep skipped (deadline)" >>"$LOGS/runs.txt"; continue; fi
+      start=$SECONDS
       # shellcheck disable=SC2086 # the sweep's environment and arguments are word lists
       (cd "$HERE" && timeout 300 env $environment "./purlin-bench-$v" $args --backends purlin "${WORLD[@]}" \
         --no-probe --out "$out") >"$out.log" 2>&1
-      echo "$sweep $v $rep rc=$?" >>"$LOGS/runs.txt"
+      echo "$sweep $v $rep rc=$? $((SECONDS - start)) s" >>"$LOGS/runs.txt"
     done
   done
 done <"$HERE/sweeps.txt"
@@ -50,14 +51,15 @@ for v in "${VARIANTS[@]}"; do
   for t in "$HERE/bin/$v"/*; do
     name="$v-$(basename "$t")"
     if [ "$SECONDS" -ge "$DEADLINE" ]; then echo "$name skipped (deadline)" >>"$LOGS/tests.txt"; continue; fi
+    start=$SECONDS
     timeout 420 "$t" --ignored --test-threads=1 >"$LOGS/$name.log" 2>&1
     rc=$?
-    echo "$name rc=$rc $(grep -E '^test result:' "$LOGS/$name.log" | tail -1)" >>"$LOGS/tests.txt"
+    echo "$name rc=$rc $((SECONDS - start)) s $(grep -E '^test result:' "$LOGS/$name.log" | tail -1)" >>"$LOGS/tests.txt"
   done
 done
 python3 "$HERE/compare.py" "$LOGS" >"$LOGS/summary.txt" 2>&1
 tar czf "$OUTDIR/ab-round.tar.gz" -C "$WORK" ab
-echo "==== A/B round $(cat "$LOGS/date.txt"), $GPUS GPU(s), variants: ${VARIANTS[*]}"
-grep -v 'rc=0$' "$LOGS/runs.txt" | head -20
+echo "==== A/B round $(cat "$LOGS/date.txt"), $GPUS GPU(s), ${SECONDS} s, variants: ${VARIANTS[*]}"
+grep -v ' rc=0 ' "$LOGS/runs.txt" | head -20
 cat "$LOGS/tests.txt"
 cat "$LOGS/summary.txt"
