@@ -60,7 +60,7 @@ fn runtime_units_compile_to_cubin() {
 /// costs whole microseconds per call (PERFORMANCE.md: round 113's by-value spill made every
 /// graph call ~1 µs slower; round 118's `Ctx` in local memory 0.4–1.5 µs), and NVRTC says so
 /// at compile time: a change that spills more fails here, before any device time is spent.
-/// The ceilings are what main compiles to (NVRTC 13.0.88, 2026-12-03): lower them as spills
+/// The ceilings are what main compiles to (NVRTC 13.0.88, 2026-12-03; [`CEILINGS_NVRTC`]): lower them as spills
 /// are taken out, never raise them without a measurement that says the spill is cheaper.
 /// The last column: the by-value entry point (the graph path) spills nothing at all.
 const SPILL_CEILINGS_SM90: &[(&str, u32, u32, bool)] = &[
@@ -73,7 +73,18 @@ const SPILL_CEILINGS_SM90: &[(&str, u32, u32, bool)] = &[
     ("e5m2", 710, 912, false),
 ];
 
+/// The NVRTC the ceilings were measured with (`cargo xtask nvrtc`'s pinned wheel, which CI
+/// uses). Another compiler allocates registers its own way: its spills are printed, not held.
+const CEILINGS_NVRTC: (i32, i32) = (13, 0);
+
 fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purlin_atom::TranslationUnit, Arch)]) {
+    let version = nvrtc::version().unwrap_or_else(|e| panic!("{e}"));
+    let hold = version == CEILINGS_NVRTC;
+    if !hold {
+        println!(
+            "NVRTC {version:?}: the spill ceilings are for {CEILINGS_NVRTC:?}; spills are reported, not held to them"
+        );
+    }
     let mut checked = 0;
     for (kernel, (unit, arch)) in compiled.iter().zip(jobs) {
         let resources = kernel.resources.as_ref().unwrap_or_else(|| panic!("{}: no ptxas report", unit.name));
@@ -91,7 +102,7 @@ fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purli
             // The shaped executor's record offsets are literals: nothing long-lived to spill.
             assert_eq!(entries.len(), 2, "{}: {entries:?}", unit.name);
             for f in &entries {
-                assert!(!f.spills(), "{}: {} spills: {f:?}", unit.name, f.function);
+                assert!(!hold || !f.spills(), "{}: {} spills: {f:?}", unit.name, f.function);
             }
             checked += 1;
         } else if let Some(key) = unit.name.strip_prefix("purlin_exec_") {
@@ -105,7 +116,7 @@ fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purli
             for f in &entries {
                 assert!(f.registers.is_some_and(|r| r > 0), "{}: {f:?}", unit.name);
                 assert!(
-                    f.spill_store_bytes <= stores && f.spill_load_bytes <= loads,
+                    !hold || (f.spill_store_bytes <= stores && f.spill_load_bytes <= loads),
                     "{}: {} spills {} B stored / {} B loaded, over the ceiling {stores} / {loads}: {f:?}",
                     unit.name,
                     f.function,
@@ -113,7 +124,7 @@ fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purli
                     f.spill_load_bytes
                 );
                 // Round 113's regression was a spill in the by-value entry alone.
-                if f.function == "purlin_snac_exec" && by_value_spill_free {
+                if hold && f.function == "purlin_snac_exec" && by_value_spill_free {
                     assert!(!f.spills(), "{}: the by-value entry spills: {f:?}", unit.name);
                 }
             }
