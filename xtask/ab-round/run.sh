@@ -40,7 +40,7 @@ while IFS='|' read -r sweep environment args; do
       if [ "$SECONDS" -ge "$DEADLINE" ]; then echo "$sweep $v $rep skipped (deadline)" >>"$LOGS/runs.txt"; continue; fi
       start=$SECONDS
       # shellcheck disable=SC2086 # the sweep's environment and arguments are word lists
-      (cd "$HERE" && timeout 300 env $environment "./purlin-bench-$v" $args --backends purlin "${WORLD[@]}" \
+      (cd "$HERE" && timeout 300 env $environment "./purlin-bench-$v" $args --backends purlin ${WORLD[@]+"${WORLD[@]}"} \
         --no-probe --out "$out") >"$out.log" 2>&1
       echo "$sweep $v $rep rc=$? $((SECONDS - start)) s" >>"$LOGS/runs.txt"
     done

@@ -37,7 +37,7 @@ fn main() -> Result<()> {
         "ab-round" => ab_round::ab_round(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR] | resources [FILTER] | ab-round [--out DIR] BASE CANDIDATE...>"
+                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR] | resources [FILTER] | ab-round [--out DIR] [--sweeps FILE] [--reps N] BASE CANDIDATE...>"
             );
             if cmd == "help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
         }
@@ -358,7 +358,7 @@ fn resources(args: &[String]) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("purlin-resources-{}", std::process::id()));
     let compiled = compile_all(&purlin_atom::KernelCache::new(&dir), &ensure_nvrtc()?, &jobs);
     let _ = std::fs::remove_dir_all(&dir);
-    println!("{:<34} {:<5} {:>5} {:>6} {:>7} {:>7}  function", "unit", "kind", "regs", "stack", "spill-st", "spill-ld");
+    println!("{:<34} {:<5} {:>5} {:>6} {:>8} {:>8}  function", "unit", "kind", "regs", "stack", "spill-st", "spill-ld");
     for (kernel, (unit, _)) in compiled?.iter().zip(&jobs) {
         for f in kernel.resources.iter().flatten() {
             let regs = f.registers.map_or_else(|| "-".to_string(), |r| r.to_string());

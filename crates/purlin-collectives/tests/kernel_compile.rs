@@ -60,8 +60,9 @@ fn runtime_units_compile_to_cubin() {
 /// costs whole microseconds per call (PERFORMANCE.md: round 113's by-value spill made every
 /// graph call ~1 µs slower; round 118's `Ctx` in local memory 0.4–1.5 µs), and NVRTC says so
 /// at compile time: a change that spills more fails here, before any device time is spent.
-/// The ceilings are what main compiles to (NVRTC 13.0.88, 2026-12-03; [`CEILINGS_NVRTC`]): lower them as spills
-/// are taken out, never raise them without a measurement that says the spill is cheaper.
+/// The ceilings are what main compiles to (NVRTC 13.0.88, 2026-12-03; [`CEILINGS_NVRTC`]):
+/// lower them as spills are taken out, never raise them without a measurement that says the
+/// spill is cheaper.
 /// The last column: the by-value entry point (the graph path) spills nothing at all.
 const SPILL_CEILINGS_SM90: &[(&str, u32, u32, bool)] = &[
     ("u32", 0, 0, true),
