@@ -22,7 +22,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{CARRY_LIMIT, cargo_in, ensure_nvrtc, run, tracked_bytes, walk, workspace_root};
+use crate::{CARRY_LIMIT, cargo_in, carried_bytes, ensure_nvrtc, run, workspace_root};
 
 const RUN_SH: &str = include_str!("../ab-round/run.sh");
 const COMPARE_PY: &str = include_str!("../ab-round/compare.py");
@@ -138,8 +138,7 @@ pub(crate) fn ab_round(args: &[String]) -> Result<()> {
     std::fs::write(out.join("run.sh"), RUN_SH)?;
     std::fs::write(out.join("compare.py"), COMPARE_PY)?;
 
-    let size: u64 = walk(&out).iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
-    let tracked = tracked_bytes(&root)?;
+    let (size, tracked) = carried_bytes(&out, &root)?;
     println!(
         "ab-round ready: {} ({} variants, {} kernels, {:.1} MiB; with the tracked tree {:.1} MiB). On the GPU machine: bash {}/run.sh \"$OUT\"",
         out.display(),

@@ -295,8 +295,7 @@ fn gpu_round(args: &[String]) -> Result<()> {
     }
     std::fs::write(out.join("run.sh"), RUN_SH)?;
     std::fs::write(out.join("lane_sweep.sh"), LANE_SWEEP_SH)?;
-    let size: u64 = walk(&out).iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
-    let tracked = tracked_bytes(&root)?;
+    let (size, tracked) = carried_bytes(&out, &root)?;
     println!(
         "gpu-round ready: {} ({copied} test executables, {:.1} MiB; with the tracked tree {:.1} MiB)",
         out.display(),
@@ -310,6 +309,13 @@ fn gpu_round(args: &[String]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Bytes of a round's folder `out` and of the files git tracks under `root`: the device tool
+/// carries both, together at most [`CARRY_LIMIT`].
+fn carried_bytes(out: &Path, root: &Path) -> Result<(u64, u64)> {
+    let size: u64 = walk(out).iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
+    Ok((size, tracked_bytes(root)?))
 }
 
 /// Bytes of the files git tracks under `root` (they travel with every device call).
