@@ -95,10 +95,9 @@ pub(crate) fn ab_round(args: &[String]) -> Result<()> {
         }
 
         // That ref's kernels, by its own sources: its `cargo xtask cubin` prints each path.
-        let listed = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        let listed = cargo_in(&tree)
             .args(["xtask", "cubin", "hopper"])
             .arg(&cache_dir)
-            .current_dir(&tree)
             .env("CARGO_TARGET_DIR", &build_dir)
             .env(purlin_atom::nvrtc::NVRTC_DIR_ENV, &nvrtc)
             .stderr(std::process::Stdio::inherit())
