@@ -443,10 +443,16 @@ __device__ __noinline__ void reduce_scalar(typename T::storage* dst, const u64* 
 }
 
 // The reduce counterpart of copy_vectors_direct, for shares of at most one vector per
-// thread: the sources' vectors are loaded kDirectSources at a time before any of them is
-// combined (one round trip for all sources up to world 4, as the cp.async engine's
-// rank-interleaved pipeline overlaps them), combined in rank order.
-constexpr u32 kDirectSources = 4;
+// thread: the sources' vectors are loaded a group at a time before any of them is combined
+// (one round trip for all sources of a group, as the cp.async engine's rank-interleaved
+// pipeline overlaps them), combined in rank order. Four 16-byte vectors in flight for
+// 32-bit lanes; two for narrower lanes, whose unpacked accumulators (8 to 16 floats per
+// vector) otherwise spill to local memory (NVRTC 13.0 on sm_90: bf16 50/220 bytes
+// stored/loaded with four, 0 with two).
+template <class T>
+struct DirectSources {
+  static constexpr u32 value = T::kLanes > 4 ? 2u : 4u;
+};
 
 template <class T, class Op>
 __device__ __forceinline__ void reduce_vectors_direct(V16* dst, const u64* srcs, u64 off, u32 n, u64 nvec) {
@@ -454,15 +460,16 @@ __device__ __forceinline__ void reduce_vectors_direct(V16* dst, const u64* srcs,
   constexpr u32 E = T::kLanes;
   const u64 i = tid();
   if (i >= nvec) return;
+  constexpr u32 G = DirectSources<T>::value;
   A a[E];
-  for (u32 r0 = 0; r0 < n; r0 += kDirectSources) {
-    V16 v[kDirectSources];
+  for (u32 r0 = 0; r0 < n; r0 += G) {
+    V16 v[G];
 #pragma unroll
-    for (u32 g = 0; g < kDirectSources; ++g) {
+    for (u32 g = 0; g < G; ++g) {
       if (r0 + g < n) v[g] = ld_global_cg_v16((const V16*)(srcs[r0 + g] + off) + i);
     }
 #pragma unroll
-    for (u32 g = 0; g < kDirectSources; ++g) {
+    for (u32 g = 0; g < G; ++g) {
       if (r0 + g < n) {
         A b[E];
         T::unpack(v[g], b);
