@@ -35,5 +35,14 @@ __device__ __forceinline__ void reduce(void* dst, const void* const* srcs, u32 n
   reduce_share<Engine, T, Op>(dst, srcs, n, count, 0, smem);
 }
 
+// The same reduce, for a caller that writes the n <= kMaxSources source addresses (offsets
+// applied) into source_table() itself, one thread per source, between a barrier that ends
+// the block's previous Atom call and one that publishes the table: no per-thread copy of
+// the sources (the executor's `ptrs` array lived in local memory, 128 bytes of stack).
+template <class T, class Op>
+__device__ __forceinline__ void reduce_table(void* dst, u32 n, u64 count, void* smem) {
+  reduce_from_table<Engine, T, Op>(dst, n, count, smem);
+}
+
 }  // namespace atom
 }  // namespace purlin

@@ -481,15 +481,19 @@ __device__ __forceinline__ void reduce_vectors_direct(V16* dst, const u64* srcs,
   st_global_v16(dst + i, T::pack(a));
 }
 
-template <class Engine, class T, class Op>
-__device__ __forceinline__ void reduce_share(void* dst_, const void* const* srcs_in, u32 n, u64 count, u64 src_offset,
-                                             void* smem) {
-  typedef typename T::storage S;
+// The block's table of a reduce's source addresses, in shared memory: one per kernel, as
+// every reduce of a block runs to completion (a barrier) before the next one fills it.
+__device__ __forceinline__ u64* source_table() {
   __shared__ u64 table[kMaxSources];
-  __syncthreads();  // the workspace and the table are ours from here
-  if (n > kMaxSources) n = kMaxSources;  // the host API rejects this; never read past the table
-  for (u32 r = tid(); r < n; r += nthreads()) table[r] = (u64)srcs_in[r] + src_offset;
-  __syncthreads();
+  return table;
+}
+
+// Reduce of n <= kMaxSources sources whose addresses are already in source_table() (and
+// visible to every thread: the caller's barrier after filling it). Block-uniform.
+template <class Engine, class T, class Op>
+__device__ __forceinline__ void reduce_from_table(void* dst_, u32 n, u64 count, void* smem) {
+  typedef typename T::storage S;
+  const u64* table = source_table();
   S* dst = (S*)dst_;
   const u64 mis = (u64)dst & 15u;
   bool aligned = true;
@@ -512,6 +516,17 @@ __device__ __forceinline__ void reduce_share(void* dst_, const void* const* srcs
     reduce_scalar<T, Op>(dst, table, n, 0, count);
   }
   __syncthreads();  // completion: every thread's reads and writes are performed
+}
+
+template <class Engine, class T, class Op>
+__device__ __forceinline__ void reduce_share(void* dst, const void* const* srcs_in, u32 n, u64 count, u64 src_offset,
+                                             void* smem) {
+  u64* table = source_table();
+  __syncthreads();  // the workspace and the table are ours from here
+  if (n > kMaxSources) n = kMaxSources;  // the host API rejects this; never read past the table
+  for (u32 r = tid(); r < n; r += nthreads()) table[r] = (u64)srcs_in[r] + src_offset;
+  __syncthreads();
+  reduce_from_table<Engine, T, Op>(dst, n, count, smem);
 }
 
 }  // namespace atom

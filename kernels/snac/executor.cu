@@ -76,11 +76,17 @@ __device__ void run_step(const Ctx& x, const u64* r, u64 at, u64 c, bool fresh) 
         __syncthreads();
         return;
       }
-      const void* ptrs[purlin::atom::kMaxSources];
+      // One thread per source writes its address into the Atom's shared table (a serial
+      // loop into a local array cost every thread count region lookups and 128 B of stack).
       const u32 n = count < purlin::atom::kMaxSources ? count : purlin::atom::kMaxSources;
-      for (u32 i = 0; i < n; ++i) ptrs[i] = region_ptr(x, srcs + 5 * i, c);
+      u64* table = purlin::atom::source_table();
+      __syncthreads();  // the block's previous Atom call is done with the table and workspace
+      for (u32 i = purlin::atom::tid(); i < n; i += purlin::atom::nthreads()) {
+        table[i] = (u64)region_ptr(x, srcs + 5 * i, c);
+      }
+      __syncthreads();  // the table is visible to every thread
       const u64 elems = len / sizeof(Storage);
-      purlin::atom::reduce<Elem, ReduceOp>(dst, ptrs, n, elems, x.smem);
+      purlin::atom::reduce_table<Elem, ReduceOp>(dst, n, elems, x.smem);
       if (kAvg) {
         scale_in_place(dst, elems, x.world);
         __syncthreads();
