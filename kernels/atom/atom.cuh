@@ -16,6 +16,10 @@
 //   for one block's share of the work (every thread of the block calls with the same arguments):
 //     copy(dst, src, bytes, smem)
 //     reduce<T, Op>(dst, srcs, n, count, [src_offset,] smem)
+//     reduce_table<T, Op>(dst, n, count, smem): reduce with the n source addresses already
+//       in source_table(), the block's shared u64[kMaxSources], which the caller fills (one
+//       thread per source) between a barrier after its previous Atom call and one before
+//       this call
 //
 // dst and sources may be local or peer pointers. `smem` is the block's dynamic shared
 // memory workspace (at least smem_bytes(blockDim) bytes, 16-byte aligned); it belongs to
