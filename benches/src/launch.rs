@@ -176,7 +176,8 @@ pub fn launch(args: &Args) -> Result<Launched> {
             let ordinal = |rank: usize| if shared { 0 } else { rank };
             let devs: Vec<Gpu> = (0..world).map(|rank| Gpu::open(ordinal(rank))).collect::<Result<_>>()?;
             meta.world = world;
-            meta.gpus = devs.iter().map(|g| g.name.clone()).collect();
+            // The GPUs the ranks run on: one, when they share it (the table's `# GPUs:` line).
+            meta.gpus = devs.iter().take(if shared { 1 } else { world }).map(|g| g.name.clone()).collect();
             let p0 = progress(true);
             // The calibration probe between GPUs 0 and 1, before any communicator exists.
             if args.probe && world >= 2 && !shared {
@@ -189,7 +190,8 @@ pub fn launch(args: &Args) -> Result<Launched> {
                 p0(&format!("limits: {l}"));
             }
             p0(&format!(
-                "one process, {world} GPUs ({}), nccl {}",
+                "one process, {world} ranks on {} GPU(s) ({}), nccl {}",
+                meta.gpus.len(),
                 meta.gpus.join(", "),
                 meta.nccl.as_deref().unwrap_or("none")
             ));

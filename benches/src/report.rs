@@ -26,7 +26,7 @@ pub struct Meta {
     pub launcher: String,
     /// Ranks.
     pub world: usize,
-    /// GPU names, by rank (or the machine's GPUs).
+    /// GPU names, by rank (or the machine's GPUs; the one GPU that `PURLIN_SHARED_GPU=1` ranks share).
     pub gpus: Vec<String>,
     /// Kernel driver version (e.g. 580.159.04).
     pub driver: Option<String>,
