@@ -364,18 +364,28 @@ fn resources(args: &[String]) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("purlin-resources-{}", std::process::id()));
     let compiled = compile_all(&purlin_atom::KernelCache::new(&dir), &ensure_nvrtc()?, &jobs);
     let _ = std::fs::remove_dir_all(&dir);
-    println!("{:<34} {:<5} {:>5} {:>6} {:>8} {:>8}  function", "unit", "kind", "regs", "stack", "spill-st", "spill-ld");
+    println!(
+        "{:<34} {:<5} {:>5} {:>6} {:>8} {:>8} {:>7}  function",
+        "unit", "kind", "regs", "stack", "spill-st", "spill-ld", "instrs"
+    );
     for (kernel, (unit, _)) in compiled?.iter().zip(&jobs) {
+        // Code size from the CUBIN's ELF sections (ptxas's report has none).
+        let code = purlin_atom::cubin::function_code(&kernel.cubin).with_context(|| format!("{}: CUBIN", unit.name))?;
         for f in kernel.resources.iter().flatten() {
             let regs = f.registers.map_or_else(|| "-".to_string(), |r| r.to_string());
+            let instrs = code
+                .iter()
+                .find(|c| c.function == f.function)
+                .map_or_else(|| "-".to_string(), |c| c.instructions().to_string());
             println!(
-                "{:<34} {:<5} {:>5} {:>6} {:>8} {:>8}  {}",
+                "{:<34} {:<5} {:>5} {:>6} {:>8} {:>8} {:>7}  {}",
                 unit.name,
                 if f.entry { "entry" } else { "func" },
                 regs,
                 f.stack_frame_bytes,
                 f.spill_store_bytes,
                 f.spill_load_bytes,
+                instrs,
                 f.function
             );
         }

@@ -16,6 +16,7 @@
 //! signals or epochs. It depends only on hardware crates (cudarc), never on purlin-snac.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod cubin;
 pub mod device;
 pub mod dtype;
 pub mod generation;

@@ -101,6 +101,16 @@ fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purli
             continue;
         }
         let entries: Vec<_> = resources.iter().filter(|f| f.entry).collect();
+        // Every entry ptxas reported has its machine code in the CUBIN's ELF, whole
+        // instructions of it (the code size `cargo xtask resources` prints).
+        let code = purlin_atom::cubin::function_code(&kernel.cubin).unwrap_or_else(|e| panic!("{}: {e}", unit.name));
+        for f in &entries {
+            let c = code
+                .iter()
+                .find(|c| c.function == f.function)
+                .unwrap_or_else(|| panic!("{}: no code section for {}: {code:?}", unit.name, f.function));
+            assert!(c.bytes > 0 && c.bytes % purlin_atom::cubin::INSTRUCTION_BYTES == 0, "{}: {c:?}", unit.name);
+        }
         if unit.name.starts_with("purlin_shaped_") {
             // The shaped executor's record offsets are literals: nothing long-lived to spill.
             assert_eq!(entries.len(), 2, "{}: {entries:?}", unit.name);
