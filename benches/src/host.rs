@@ -106,6 +106,8 @@ pub fn data_type(d: Dtype) -> DataType {
         Dtype::U32 => DataType::U32,
         Dtype::I64 => DataType::I64,
         Dtype::U64 => DataType::U64,
+        Dtype::F8E4M3 => DataType::F8E4M3,
+        Dtype::F8E5M2 => DataType::F8E5M2,
     }
 }
 

@@ -78,6 +78,8 @@ fn dtype(d: Dtype) -> ncclDataType_t {
         Dtype::U32 => ncclDataType_t::ncclUint32,
         Dtype::I64 => ncclDataType_t::ncclInt64,
         Dtype::U64 => ncclDataType_t::ncclUint64,
+        Dtype::F8E4M3 => ncclDataType_t::ncclFloat8e4m3,
+        Dtype::F8E5M2 => ncclDataType_t::ncclFloat8e5m2,
     }
 }
 

@@ -204,6 +204,8 @@ impl Backend for Purlin {
             Dtype::U32 => call_typed::<u32>(c, s, d, m, case),
             Dtype::I64 => call_typed::<i64>(c, s, d, m, case),
             Dtype::U64 => call_typed::<u64>(c, s, d, m, case),
+            Dtype::F8E4M3 => call_typed::<purlin_atom::F8E4M3>(c, s, d, m, case),
+            Dtype::F8E5M2 => call_typed::<purlin_atom::F8E5M2>(c, s, d, m, case),
         }
     }
 

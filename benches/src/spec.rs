@@ -145,11 +145,15 @@ pub enum Dtype {
     I64,
     /// Unsigned 64-bit integer.
     U64,
+    /// fp8 e4m3 (NCCL's `ncclFloat8e4m3`).
+    F8E4M3,
+    /// fp8 e5m2 (NCCL's `ncclFloat8e5m2`).
+    F8E5M2,
 }
 
 impl Dtype {
     /// Every element type.
-    pub const ALL: [Dtype; 10] = [
+    pub const ALL: [Dtype; 12] = [
         Dtype::F32,
         Dtype::F16,
         Dtype::Bf16,
@@ -160,6 +164,8 @@ impl Dtype {
         Dtype::U32,
         Dtype::I64,
         Dtype::U64,
+        Dtype::F8E4M3,
+        Dtype::F8E5M2,
     ];
 
     /// The name used on the command line and in tables.
@@ -175,6 +181,8 @@ impl Dtype {
             Dtype::U32 => "u32",
             Dtype::I64 => "i64",
             Dtype::U64 => "u64",
+            Dtype::F8E4M3 => "e4m3",
+            Dtype::F8E5M2 => "e5m2",
         }
     }
 
@@ -191,6 +199,8 @@ impl Dtype {
             "u32" | "uint32" => Dtype::U32,
             "i64" | "int64" => Dtype::I64,
             "u64" | "uint64" => Dtype::U64,
+            "e4m3" | "f8e4m3" | "fp8e4m3" | "float8_e4m3fn" => Dtype::F8E4M3,
+            "e5m2" | "f8e5m2" | "fp8e5m2" | "float8_e5m2" => Dtype::F8E5M2,
             other => bail!("unknown dtype {other:?}; expected one of {}", Dtype::ALL.map(|d| d.name()).join(", ")),
         };
         Ok(d)
@@ -199,7 +209,7 @@ impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            Dtype::I8 | Dtype::U8 => 1,
+            Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 | Dtype::F8E5M2 => 1,
             Dtype::F16 | Dtype::Bf16 => 2,
             Dtype::F32 | Dtype::I32 | Dtype::U32 => 4,
             Dtype::F64 | Dtype::I64 | Dtype::U64 => 8,
@@ -208,7 +218,7 @@ impl Dtype {
 
     /// Whether it is a floating-point type.
     pub fn is_float(self) -> bool {
-        matches!(self, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64)
+        matches!(self, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64 | Dtype::F8E4M3 | Dtype::F8E5M2)
     }
 
     /// The largest integer up to which every integer is exactly representable (capped).
@@ -216,6 +226,8 @@ impl Dtype {
         match self {
             Dtype::F16 => 2048,
             Dtype::Bf16 => 256,
+            Dtype::F8E4M3 => 16,
+            Dtype::F8E5M2 => 8,
             Dtype::F32 => 1 << 24,
             Dtype::I8 => 127,
             Dtype::U8 => 255,
@@ -233,6 +245,8 @@ impl Dtype {
             Dtype::U32 => 31,
             Dtype::I64 => 62,
             Dtype::U64 => 63,
+            Dtype::F8E4M3 => 8,
+            Dtype::F8E5M2 => 15,
             Dtype::Bf16 | Dtype::F32 => 127,
             Dtype::F64 => 1023,
         }
@@ -251,6 +265,8 @@ impl Dtype {
             Dtype::U32 => out.copy_from_slice(&(v as u32).to_le_bytes()),
             Dtype::I64 => out.copy_from_slice(&v.to_le_bytes()),
             Dtype::U64 => out.copy_from_slice(&(v as u64).to_le_bytes()),
+            Dtype::F8E4M3 => out[0] = purlin_atom::host::f32_to_e4m3(v as f32),
+            Dtype::F8E5M2 => out[0] = purlin_atom::host::f32_to_e5m2(v as f32),
         }
     }
 
@@ -267,6 +283,8 @@ impl Dtype {
             Dtype::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
             Dtype::I64 => i64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f64,
             Dtype::U64 => u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f64,
+            Dtype::F8E4M3 => purlin_atom::host::e4m3_to_f32(b[0]) as f64,
+            Dtype::F8E5M2 => purlin_atom::host::e5m2_to_f32(b[0]) as f64,
         }
     }
 }
@@ -821,6 +839,8 @@ pub fn count_wrong(dtype: Dtype, op: Option<Op>, got: &[u8], expected: &[u8]) ->
     }
     let tol = match dtype {
         Dtype::F16 | Dtype::Bf16 => 1e-2,
+        // One rounding of a 3- or 2-bit mantissa: up to 2^-4 / 2^-3 of the value.
+        Dtype::F8E4M3 | Dtype::F8E5M2 => 0.125,
         _ => 1e-5,
     };
     for (i, (g, e)) in got.chunks_exact(es).zip(expected.chunks_exact(es)).enumerate() {
@@ -907,6 +927,16 @@ mod tests {
         );
         assert!(Collective::parse_list("broadcast").is_err());
         assert_eq!(Dtype::parse("bfloat16").unwrap(), Dtype::Bf16);
+        assert_eq!(Dtype::parse("float8_e4m3fn").unwrap(), Dtype::F8E4M3);
+        assert_eq!(Dtype::parse("e5m2").unwrap(), Dtype::F8E5M2);
+        for d in [Dtype::F8E4M3, Dtype::F8E5M2] {
+            // Every integer up to max_exact survives the byte encoding (what the checks assume).
+            for v in -d.max_exact()..=d.max_exact() {
+                let mut b = [0u8];
+                d.encode(v, &mut b);
+                assert_eq!(d.decode(&b), v as f64, "{d:?} {v}");
+            }
+        }
         assert_eq!(Op::parse("avg").unwrap(), Op::Avg);
         assert_eq!(Mode::parse_list("both").unwrap().len(), 2);
     }

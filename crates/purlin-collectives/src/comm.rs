@@ -190,9 +190,14 @@ pub enum DataType {
     F16,
     /// `half::bf16`.
     Bf16,
+    /// fp8 e4m3 ([`purlin_atom::F8E4M3`]; NCCL's `ncclFloat8e4m3`).
+    F8E4M3,
+    /// fp8 e5m2 ([`purlin_atom::F8E5M2`]; NCCL's `ncclFloat8e5m2`).
+    F8E5M2,
 }
 
-/// The element types collectives accept (cudarc's trait, same name and implementors).
+/// The element types collectives accept (cudarc's trait, same name and implementors, plus
+/// the Atom's fp8 types [`purlin_atom::F8E4M3`] and [`purlin_atom::F8E5M2`]).
 pub trait NcclType {
     /// The element's data type.
     fn data_type() -> DataType;
@@ -208,7 +213,7 @@ macro_rules! nccl_type {
     };
 }
 nccl_type!(f32 => F32, f64 => F64, i8 => I8, i32 => I32, i64 => I64, u8 => U8, u32 => U32, u64 => U64,
-    char => U8, half::f16 => F16, half::bf16 => Bf16);
+    char => U8, half::f16 => F16, half::bf16 => Bf16, purlin_atom::F8E4M3 => F8E4M3, purlin_atom::F8E5M2 => F8E5M2);
 
 /// The status of an enqueued call (cudarc's `NcclStatus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1568,6 +1573,8 @@ fn snac_dtype<T: NcclType>() -> purlin_snac::DataType {
         DataType::U64 => S::U64,
         DataType::F16 => S::F16,
         DataType::Bf16 => S::Bf16,
+        DataType::F8E4M3 => S::F8E4M3,
+        DataType::F8E5M2 => S::F8E5M2,
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use purlin_atom::{F8E4M3, F8E5M2};
 use purlin_collectives::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp, SymmetricBuffer};
 use purlin_snac::{Regime, StagingSide};
@@ -32,6 +33,11 @@ trait Elem:
     fn from_i64(v: i64) -> Self;
     fn to_f64(self) -> f64;
     fn poison() -> Self;
+    /// The exact result `x` as the type holds it: the Atom rounds once, to nearest even
+    /// (fp8 cannot hold every product or mean of the small inputs; the other types can).
+    fn round(x: f64) -> f64 {
+        x
+    }
 }
 
 macro_rules! elem {
@@ -70,6 +76,32 @@ elem!(
     half::f16::from_bits(0x7da5)
 );
 elem!(u8, "u8", false, |v: i64| v as u8, |x: u8| x as f64, 0xa5);
+
+// fp8: small integers up to 16 (e4m3) or 8 (e5m2) are exact; the poison is the largest
+// finite code, which no case produces. The reference rounds through the host Atom's
+// conversions, which are bit-identical to the device's.
+macro_rules! fp8_elem {
+    ($t:ty, $name:expr, $poison:expr) => {
+        impl Elem for $t {
+            const NAME: &'static str = $name;
+            const REDUCES: bool = true;
+            fn from_i64(v: i64) -> Self {
+                <$t>::from_f32(v as f32)
+            }
+            fn to_f64(self) -> f64 {
+                self.to_f32() as f64
+            }
+            fn poison() -> Self {
+                $poison
+            }
+            fn round(x: f64) -> f64 {
+                <$t>::from_f32(x as f32).to_f32() as f64
+            }
+        }
+    };
+}
+fp8_elem!(F8E4M3, "e4m3", F8E4M3(0x7e));
+fp8_elem!(F8E5M2, "e5m2", F8E5M2(0x7b));
 
 struct Gpus {
     streams: Vec<Arc<CudaStream>>,
@@ -123,7 +155,7 @@ fn reduce_ref<T: Elem>(op: ReduceOp, inputs: &[Vec<T>], i: usize, world: usize) 
             acc = acc.trunc();
         }
     }
-    acc
+    T::round(acc)
 }
 
 /// Per-pair counts for the V forms: skewed, with zeros (one-way traffic between 0 and 1).
@@ -290,6 +322,8 @@ fn every_collective_matches_the_reference_on_gpus() {
         sweep::<i32>(&comms, &sizes[..3], &mut rng, &mut cases, &mut wrong);
         sweep::<half::f16>(&comms, &sizes[..2], &mut rng, &mut cases, &mut wrong);
         sweep::<u8>(&comms, sizes, &mut rng, &mut cases, &mut wrong);
+        sweep::<F8E4M3>(&comms, &sizes[..2], &mut rng, &mut cases, &mut wrong);
+        sweep::<F8E5M2>(&comms, &sizes[..2], &mut rng, &mut cases, &mut wrong);
         for c in &comms {
             c.async_error().expect("no device error");
         }
