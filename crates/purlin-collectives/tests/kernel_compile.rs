@@ -73,7 +73,7 @@ const SPILL_CEILINGS_SM90: &[(&str, u32, u32, bool)] = &[
     ("f32", 16, 8, true),
     ("bf16", 32, 64, true),
     ("f16", 182, 248, true),
-    ("e4m3", 210, 412, false),
+    ("e4m3", 206, 400, false),
     ("e5m2", 206, 408, false),
 ];
 
