@@ -337,6 +337,14 @@ struct BF16 {
 #endif
     return v;
   }
+  // The software conversions, bit for bit the same (for rare vectors: small code).
+  __device__ __forceinline__ static void unpack_soft(const V16& v, float* a) { unpack(v, a); }
+  __device__ __forceinline__ static V16 pack_soft(const float* a) {
+    V16 v;
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) v.w[j] = bf16x2_soft(a[2 * j], a[2 * j + 1]);
+    return v;
+  }
 #if PURLIN_ATOM_HW_BF16X2
   // The rare vector with a NaN: every lane gets the software code (NaN lanes differ).
   __device__ __forceinline__ static void fix_nan(const float* a, V16& v) {
@@ -411,6 +419,151 @@ struct Max {
   __device__ __forceinline__ static i32 apply(i32 a, i32 b) { return b > a ? b : a; }
   __device__ __forceinline__ static u32 apply(u32 a, u32 b) { return b > a ? b : a; }
 };
+
+// ---------------------------------------------------------------- two sources, in 16-bit lanes
+//
+// Every reduce at world 2 has exactly two sources. For Sum of two 16- or 8-bit floats the
+// f32 path (decode, add in f32, encode once) is replaced by one correctly rounded add in the
+// storage format (bf16x2, f16x2; fp8 through f16x2) with the same bits: two values of p
+// significant bits whose exponents differ by d have an exact sum of at most d + p + 1 bits.
+// Where that does not fit the wider of the two intermediate formats, the smaller value is
+// below a quarter of the larger's unit in the last place of the result format, so neither
+// path can reach a rounding midpoint of the result and both round to the same neighbour.
+// A lane the shortcut cannot give the contract's bits (a NaN, whose code the hardware picks;
+// an e5m2 sum that the contract overflows to Inf where satfinite saturates) sends the whole
+// vector through the f32 path. Half the instructions of the f32 path or less per vector:
+// no unpack to f32, half the adds, no f32 NaN tests.
+// sm_90+ (`add.rn.bf16x2`); PURLIN_ATOM_SOFT_CONVERT=1 keeps the f32 path.
+#if !PURLIN_ATOM_SOFT_CONVERT && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PURLIN_ATOM_PAIRWISE 1
+#else
+#define PURLIN_ATOM_PAIRWISE 0
+#endif
+
+// Pairwise<T, Op>::combine(x, y, out): out = x (op) y lane by lane, true when every lane has
+// the f32 path's bits (otherwise out is unspecified). `value`: whether there is one.
+template <class T, class Op>
+struct Pairwise {
+  static constexpr bool value = false;
+  __device__ __forceinline__ static bool combine(const V16&, const V16&, V16&) { return false; }
+};
+
+#if PURLIN_ATOM_PAIRWISE
+// Bit 15 of each 16-bit half of w whose magnitude bits (h & 0x7fff) exceed `limit`.
+__device__ __forceinline__ u32 halves_above(u32 w, u32 limit) {
+  return ((w & 0x7fff7fffu) + (0x7fffu - limit) * 0x00010001u) & 0x80008000u;
+}
+__device__ __forceinline__ u32 add_bf16x2(u32 a, u32 b) {
+  u32 r;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ u32 add_f16x2(u32 a, u32 b) {
+  u32 r;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// Two fp8 codes (low byte -> low half) as f16x2, exact; and back, round to nearest even.
+template <bool E5M2>
+__device__ __forceinline__ u32 fp8x2_to_f16x2(u16 c) {
+  u32 h;
+  if (E5M2) {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(c));
+  } else {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(c));
+  }
+  return h;
+}
+template <bool E5M2>
+__device__ __forceinline__ u32 f16x2_to_fp8x2(u32 h) {
+  u16 c;
+  if (E5M2) {
+    asm("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(c) : "r"(h));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(c) : "r"(h));
+  }
+  return c;
+}
+
+// bf16 (8 bits) through bf16x2, f16 (11) through f16x2: the f32 sum is exact up to d = 15
+// and 12. NaN lanes (magnitude above Inf's 0x7f80 / 0x7c00) go the f32 way.
+template <>
+struct Pairwise<BF16, Sum> {
+  static constexpr bool value = true;
+  __device__ __forceinline__ static bool combine(const V16& x, const V16& y, V16& out) {
+    u32 nan = 0;
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) {
+      out.w[j] = add_bf16x2(x.w[j], y.w[j]);
+      nan |= halves_above(out.w[j], 0x7f80u);
+    }
+    return nan == 0;
+  }
+};
+template <>
+struct Pairwise<F16, Sum> {
+  static constexpr bool value = true;
+  __device__ __forceinline__ static bool combine(const V16& x, const V16& y, V16& out) {
+    u32 nan = 0;
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) {
+      out.w[j] = add_f16x2(x.w[j], y.w[j]);
+      nan |= halves_above(out.w[j], 0x7c00u);
+    }
+    return nan == 0;
+  }
+};
+// fp8 (4 and 3 bits) through f16x2, where every fp8 value is exact and the sum of two is
+// exact up to d = 6 (e4m3's largest sum, 896, is far below f16's range). e4m3: only NaN
+// lanes go the f32 way (saturation to +-448 is the contract); e5m2: also sums of 61440
+// (the midpoint above 57344) and more, which the contract rounds to +-Inf.
+template <bool E5M2>
+struct Fp8PairSum {
+  static constexpr bool value = true;
+  __device__ __forceinline__ static bool combine(const V16& x, const V16& y, V16& out) {
+    constexpr u32 kLimit = E5M2 ? 0x7b7fu : 0x7c00u;
+    u32 bad = 0;
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) {
+      u32 w = 0;
+#pragma unroll
+      for (u32 k = 0; k < 2; ++k) {
+        const u32 s = add_f16x2(fp8x2_to_f16x2<E5M2>((u16)(x.w[j] >> (16 * k))),
+                                fp8x2_to_f16x2<E5M2>((u16)(y.w[j] >> (16 * k))));
+        bad |= halves_above(s, kLimit);
+        w |= f16x2_to_fp8x2<E5M2>(s) << (16 * k);
+      }
+      out.w[j] = w;
+    }
+    return bad == 0;
+  }
+};
+template <>
+struct Pairwise<E4M3, Sum> : Fp8PairSum<false> {};
+template <>
+struct Pairwise<E5M2, Sum> : Fp8PairSum<true> {};
+#endif
+
+// x (op) y for one vector through the f32 path. Out of line: it is the rare vector, and
+// inlined its 2 x kLanes floats weigh on the registers of every loop that calls it.
+template <class T, class Op>
+__device__ __noinline__ V16 combine_two_f32(V16 x, V16 y) {
+  typename T::acc a[T::kLanes], b[T::kLanes];
+  T::unpack_soft(x, a);
+  T::unpack_soft(y, b);
+#pragma unroll
+  for (u32 e = 0; e < T::kLanes; ++e) a[e] = Op::apply(a[e], b[e]);
+  return T::pack_soft(a);
+}
+
+// x (op) y for one vector of two sources: Pairwise where it applies, else (or for the rare
+// vector it cannot do) the f32 path, in rank order like every reduce.
+template <class T, class Op>
+__device__ __forceinline__ V16 combine_two(const V16& x, const V16& y) {
+  V16 out;
+  if (__builtin_expect(!Pairwise<T, Op>::combine(x, y, out), 0)) out = combine_two_f32<T, Op>(x, y);
+  return out;
+}
 
 // ---------------------------------------------------------------- the block-share driver
 //
@@ -549,6 +702,14 @@ __device__ __forceinline__ void reduce_vectors_direct(V16* dst, const u64* srcs,
   constexpr u32 E = T::kLanes;
   const u64 i = tid();
   if (i >= nvec) return;
+  if constexpr (Pairwise<T, Op>::value) {
+    if (n == 2) {
+      const V16 x = ld_global_cg_v16((const V16*)(srcs[0] + off) + i);
+      const V16 y = ld_global_cg_v16((const V16*)(srcs[1] + off) + i);
+      st_global_v16(dst + i, combine_two<T, Op>(x, y));
+      return;
+    }
+  }
   constexpr u32 G = DirectSources<T>::value;
   A a[E];
   for (u32 r0 = 0; r0 < n; r0 += G) {

@@ -162,7 +162,39 @@ struct CpAsyncEngine {
       }
       d += tile_bytes;
     };
+    // Two sources with a Pairwise combine (every reduce at world 2): the first rank's vectors
+    // stay packed until the second's arrive (VECS x 4 registers, not VECS x kLanes floats).
+    auto consume_two = [&](const bool masked, const u32 rem) {
+      V16 x[VECS];
+      cp_async_wait<STAGES - 2>();
+#pragma unroll
+      for (u32 v = 0; v < VECS; ++v) {
+        if (!masked || v * nt + t < rem) x[v] = ld_shared_v16(caddr + v * stride);
+      }
+      caddr += slot_bytes;
+      if (caddr == ring_end) caddr = ring_begin;
+      issue();
+      cp_async_wait<STAGES - 2>();
+#pragma unroll
+      for (u32 v = 0; v < VECS; ++v) {
+        if (!masked || v * nt + t < rem) {
+          st_global_v16((V16*)(d + (u64)v * stride), combine_two<T, Op>(x[v], ld_shared_v16(caddr + v * stride)));
+        }
+      }
+      caddr += slot_bytes;
+      if (caddr == ring_end) caddr = ring_begin;
+      issue();
+      d += tile_bytes;
+    };
     const u64 whole = nvec / tile;
+    if constexpr (Pairwise<T, Op>::value) {
+      if (n == 2) {
+        for (u64 ct = 0; ct < whole; ++ct) consume_two(false, 0);
+        if (whole < tiles) consume_two(true, (u32)(nvec - whole * tile));
+        cp_async_wait<0>();
+        return;
+      }
+    }
     for (u64 ct = 0; ct < whole; ++ct) consume(false, 0);
     if (whole < tiles) consume(true, (u32)(nvec - whole * tile));
     cp_async_wait<0>();

@@ -3,10 +3,10 @@
 //!
 //! - `purlin-bench-<variant>` per ref, built from its own checkout (a `git worktree` under
 //!   `target/ab-src/`, one shared `target/ab-build/`, so dependencies build once);
-//! - each candidate's `device_collectives` and `device_conformance` tests under
+//! - each candidate's `atom_gpu`, `device_collectives` and `device_conformance` tests under
 //!   `bin/<variant>/` (the baseline's are main's: the rounds that landed ran them);
-//! - `kernels.tgz`: every ref's sm_90 kernels (without the fp8 reductions, which compile on
-//!   the GPU machine if a run needs them), compiled here by that ref's own `cargo xtask cubin`
+//! - `kernels.tgz`: every ref's sm_90 kernels (of the fp8 reductions only sum's; the others
+//!   compile on the GPU machine if a run needs them), compiled here by that ref's own `cargo xtask cubin`
 //!   into `target/ab-kernel-cache/` (kept between rounds: its keys hash the sources);
 //! - `variants.txt`, `sweeps.txt` (`xtask/ab-round/sweeps.txt` unless `--sweeps`), `run.sh`,
 //!   `compare.py`, and `reps` with `--reps` (repeats of each sweep; run.sh's default is 2).
@@ -28,8 +28,13 @@ const RUN_SH: &str = include_str!("../ab-round/run.sh");
 const COMPARE_PY: &str = include_str!("../ab-round/compare.py");
 const SWEEPS_TXT: &str = include_str!("../ab-round/sweeps.txt");
 
-/// The GPU tests each candidate runs: every collective and dtype checked exactly.
-const CANDIDATE_TESTS: [&str; 2] = ["device_collectives", "device_conformance"];
+/// The GPU tests each candidate runs, as (package, test): the Atom against the host Atom,
+/// and every collective and dtype checked exactly.
+const CANDIDATE_TESTS: [(&str, &str); 3] = [
+    ("purlin-atom", "atom_gpu"),
+    ("purlin-collectives", "device_collectives"),
+    ("purlin-collectives", "device_conformance"),
+];
 
 const USAGE: &str = "usage: cargo xtask ab-round [--out DIR] [--sweeps FILE] [--reps N] BASE CANDIDATE...";
 
@@ -80,12 +85,9 @@ pub(crate) fn ab_round(args: &[String]) -> Result<()> {
         copy_stripped(&bench.1, &out.join(format!("purlin-bench-{name}")))?;
 
         if i > 0 {
-            let mut args = vec!["test", "--release", "-p", "purlin-collectives", "--no-run"];
-            for test in CANDIDATE_TESTS {
-                args.extend(["--test", test]);
-            }
-            let tests = build(&tree, &build_dir, &args)?;
-            for test in CANDIDATE_TESTS {
+            for (package, test) in CANDIDATE_TESTS {
+                let tests =
+                    build(&tree, &build_dir, &["test", "--release", "-p", package, "--no-run", "--test", test])?;
                 let (_, exe) = tests
                     .iter()
                     .find(|(target, _)| target == test)
@@ -109,7 +111,9 @@ pub(crate) fn ab_round(args: &[String]) -> Result<()> {
         kernels.extend(
             String::from_utf8_lossy(&listed.stdout)
                 .lines()
-                .filter(|l| l.ends_with(".cubin") && !l.contains("e4m3") && !l.contains("e5m2"))
+                .filter(|l| {
+                    l.ends_with(".cubin") && (l.contains("_sum_") || !(l.contains("e4m3") || l.contains("e5m2")))
+                })
                 .map(PathBuf::from),
         );
     }

@@ -410,6 +410,106 @@ fn gpu_reduce_matches_the_host_atom_for_every_generation_dtype_op_size_and_place
     failures.finish("reduce");
 }
 
+/// Codes for a two-source sum of a 16- or 8-bit float type: every pair of fp8 codes; every
+/// 16-bit code against `PARTNERS` others, half uniformly random, half with an exponent 0 to
+/// 16 steps from its own (random sign and mantissa), where the f32 sum is inexact or the
+/// result lands on a rounding midpoint.
+fn two_source_codes(dtype: DType, rng: &mut Rng) -> (Vec<u32>, Vec<u32>) {
+    const PARTNERS: u32 = 48;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    if dtype.size() == 1 {
+        for i in 0..65536u32 {
+            a.push(i & 0xff);
+            b.push(i >> 8);
+        }
+        return (a, b);
+    }
+    let man_bits = if dtype == DType::BF16 { 7 } else { 10 };
+    let max_exp = if dtype == DType::BF16 { 0xff } else { 0x1f };
+    for x in 0..65536u32 {
+        for k in 0..PARTNERS {
+            let y = if k % 2 == 0 {
+                rng.next_u32() & 0xffff
+            } else {
+                let exp = ((x & 0x7fff) >> man_bits) as i64 + rng.below(33) as i64 - 16;
+                let exp = exp.clamp(0, max_exp) as u32;
+                (rng.next_u32() & 0x8000) | (exp << man_bits) | (rng.next_u32() & ((1 << man_bits) - 1))
+            };
+            a.push(x);
+            b.push(y);
+        }
+    }
+    (a, b)
+}
+
+/// Two-source sums (every reduce at world 2; on sm_90+ the Atom adds them in the storage
+/// format, `Pairwise` in atom_common.cuh) against the host Atom, through the pipelined
+/// engine (one block) and the direct path (a block per few vectors), on every generation.
+#[test]
+#[ignore = "needs a GPU (run in a GPU round)"]
+fn gpu_two_source_sums_match_the_host_atom_on_every_code() {
+    let g = gpus();
+    let ctx = &g.ctxs[0];
+    let stream = ctx.default_stream();
+    let mut rng = Rng::new(0x5eed_0005);
+    let mut failures = Failures::default();
+    for dtype in [DType::E4M3, DType::E5M2, DType::BF16, DType::F16] {
+        let size = dtype.size();
+        let (a, b) = two_source_codes(dtype, &mut rng);
+        let count = a.len();
+        let bytes =
+            |codes: &[u32]| -> Vec<u8> { codes.iter().flat_map(|c| c.to_le_bytes()[..size].to_vec()).collect() };
+        let (a_bytes, b_bytes) = (bytes(&a), bytes(&b));
+        let want = {
+            let mut w = vec![0u8; count * size];
+            host::reduce_bytes(dtype, ReduceOp::Sum, &mut w, &[&a_bytes, &b_bytes]).expect("host reduce");
+            w
+        };
+        let (a_d, b_d) = (buffer(ctx, a_bytes.len()), buffer(ctx, b_bytes.len()));
+        a_d.upload(0, &a_bytes).expect("upload");
+        b_d.upload(0, &b_bytes).expect("upload");
+        let dst = buffer(ctx, count * size + 2 * GUARD);
+        // One block: every vector through the engine; count / 1024 bytes per block: through
+        // the direct path (at most one vector per thread).
+        let direct_blocks = (count * size / 1024).max(1) as u32;
+        for &generation in &g.generations {
+            let atom = DeviceAtom::new(ctx, Some(generation), &g.cache).expect("atom");
+            for blocks in [1, direct_blocks] {
+                dst.fill(POISON).expect("poison");
+                // SAFETY: both sources hold `count` elements; the destination has GUARD bytes
+                // of margin either side.
+                unsafe {
+                    atom.reduce_raw(
+                        &stream,
+                        dtype,
+                        ReduceOp::Sum,
+                        dst.ptr() + GUARD as u64,
+                        &[a_d.ptr(), b_d.ptr()],
+                        count,
+                        blocks,
+                    )
+                }
+                .expect("reduce");
+                stream.synchronize().expect("sync");
+                let got = dst.download(0, count * size + 2 * GUARD).expect("download");
+                let what = format!("{generation} {dtype} two-source sum of {count} blocks {blocks}");
+                let guards = got[..GUARD].iter().chain(&got[GUARD + count * size..]).all(|&x| x == POISON);
+                failures.check(guards, || format!("{what}: wrote outside the destination"));
+                let bad = first_mismatch(dtype, &got[GUARD..GUARD + count * size], &want);
+                failures.check(bad.is_none(), || {
+                    let (i, gv, wv) = bad.unwrap_or_default();
+                    format!("{what}: {:#x} + {:#x} is {gv:#x}, host Atom says {wv:#x}", a[i], b[i])
+                });
+            }
+            println!(
+                "ATOM-GPU two-source sums {generation} {dtype}: {count} pairs ({} failures so far)",
+                failures.count
+            );
+        }
+    }
+    failures.finish("two-source sums");
+}
+
 #[test]
 #[ignore = "needs a GPU (run in a GPU round)"]
 fn gpu_safe_api_on_cudarc_buffers_local_and_peer() {
