@@ -442,8 +442,9 @@ fn two_source_codes(dtype: DType, rng: &mut Rng) -> (Vec<u32>, Vec<u32>) {
     (a, b)
 }
 
-/// Two-source sums (every reduce at world 2; on sm_90+ the Atom adds them in the storage
-/// format, `Pairwise` in atom_common.cuh) against the host Atom, through the pipelined
+/// Two-source sums (every reduce at world 2; on sm_90+ the Atom adds bf16 and fp8 in a
+/// 16-bit format, `Pairwise` in atom_common.cuh; f16 is the f32 path's check) against the
+/// host Atom, through the pipelined
 /// engine (one block) and the direct path (a block per few vectors), on every generation.
 #[test]
 #[ignore = "needs a GPU (run in a GPU round)"]
