@@ -441,12 +441,13 @@ struct Max {
 #define PURLIN_ATOM_PAIRWISE 0
 #endif
 
-// Pairwise<T, Op>::combine(x, y, out): out = x (op) y lane by lane, true when every lane has
-// the f32 path's bits (otherwise out is unspecified). `value`: whether there is one.
+// Pairwise<T, Op>::word(x, y, out): out = x (op) y for one 32-bit word of lanes; nonzero
+// when a lane may not have the f32 path's bits (out is then unspecified). `value`: whether
+// there is one.
 template <class T, class Op>
 struct Pairwise {
   static constexpr bool value = false;
-  __device__ __forceinline__ static bool combine(const V16&, const V16&, V16&) { return false; }
+  __device__ __forceinline__ static u32 word(u32, u32, u32&) { return 1; }
 };
 
 #if PURLIN_ATOM_PAIRWISE
@@ -493,14 +494,9 @@ __device__ __forceinline__ u32 f16x2_to_fp8x2(u32 h) {
 template <>
 struct Pairwise<BF16, Sum> {
   static constexpr bool value = true;
-  __device__ __forceinline__ static bool combine(const V16& x, const V16& y, V16& out) {
-    u32 nan = 0;
-#pragma unroll
-    for (u32 j = 0; j < 4; ++j) {
-      out.w[j] = add_bf16x2(x.w[j], y.w[j]);
-      nan |= halves_above(out.w[j], 0x7f80u);
-    }
-    return nan == 0;
+  __device__ __forceinline__ static u32 word(u32 x, u32 y, u32& out) {
+    out = add_bf16x2(x, y);
+    return halves_above(out, 0x7f80u);
   }
 };
 // fp8 (4 and 3 bits) through f16x2, where every fp8 value is exact and the sum of two is
@@ -510,22 +506,18 @@ struct Pairwise<BF16, Sum> {
 template <bool E5M2>
 struct Fp8PairSum {
   static constexpr bool value = true;
-  __device__ __forceinline__ static bool combine(const V16& x, const V16& y, V16& out) {
+  __device__ __forceinline__ static u32 word(u32 x, u32 y, u32& out) {
     constexpr u32 kLimit = E5M2 ? 0x7b7fu : 0x7c00u;
     u32 bad = 0;
+    out = 0;
 #pragma unroll
-    for (u32 j = 0; j < 4; ++j) {
-      u32 w = 0;
-#pragma unroll
-      for (u32 k = 0; k < 2; ++k) {
-        const u32 s = add_f16x2(fp8x2_to_f16x2<E5M2>((u16)(x.w[j] >> (16 * k))),
-                                fp8x2_to_f16x2<E5M2>((u16)(y.w[j] >> (16 * k))));
-        bad |= halves_above(s, kLimit);
-        w |= f16x2_to_fp8x2<E5M2>(s) << (16 * k);
-      }
-      out.w[j] = w;
+    for (u32 k = 0; k < 2; ++k) {
+      const u32 s =
+          add_f16x2(fp8x2_to_f16x2<E5M2>((u16)(x >> (16 * k))), fp8x2_to_f16x2<E5M2>((u16)(y >> (16 * k))));
+      bad |= halves_above(s, kLimit);
+      out |= f16x2_to_fp8x2<E5M2>(s) << (16 * k);
     }
-    return bad == 0;
+    return bad;
   }
 };
 template <>
@@ -551,8 +543,24 @@ __device__ __noinline__ V16 combine_two_f32(V16 x, V16 y) {
 template <class T, class Op>
 __device__ __forceinline__ V16 combine_two(const V16& x, const V16& y) {
   V16 out;
-  if (__builtin_expect(!Pairwise<T, Op>::combine(x, y, out), 0)) out = combine_two_f32<T, Op>(x, y);
+  u32 bad = 0;
+#pragma unroll
+  for (u32 j = 0; j < 4; ++j) bad |= Pairwise<T, Op>::word(x.w[j], y.w[j], out.w[j]);
+  if (__builtin_expect(bad != 0, 0)) out = combine_two_f32<T, Op>(x, y);
   return out;
+}
+
+// The same for the low W words of two 64-bit payloads (the executor's packets); false when
+// the caller must take the f32 path (nothing then is written).
+template <class T, class Op, u32 W>
+__device__ __forceinline__ bool combine_two_payload(u64 x, u64 y, u64& out) {
+  static_assert(W == 1 || W == 2, "a payload is one or two words");
+  u32 o[2] = {0u, 0u}, bad = 0;
+#pragma unroll
+  for (u32 j = 0; j < W; ++j) bad |= Pairwise<T, Op>::word((u32)(x >> (32 * j)), (u32)(y >> (32 * j)), o[j]);
+  if (__builtin_expect(bad != 0, 0)) return false;
+  out = o[0] | ((u64)o[1] << 32);
+  return true;
 }
 
 // ---------------------------------------------------------------- the block-share driver

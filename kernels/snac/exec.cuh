@@ -246,6 +246,10 @@ __device__ __forceinline__ Acc scale_avg(Acc a, u64 world) {
   return a;
 }
 
+// Two sources of a Sum the Atom adds in a 16-bit format (bf16, fp8; `Pairwise`): at world
+// 2 a payload is combined without decoding its lanes to f32 (Avg scales in f32).
+constexpr bool kPairwise = purlin::atom::Pairwise<Elem, ReduceOp>::value && !kAvg;
+
 // Element-wise reduce of `len` bytes where some sources are packets in this rank's window.
 // Each thread stops at its first failed wait (bounded from `start`) and returns its result.
 __device__ WaitResult reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32 n, u64 len, u64 expect,
@@ -261,6 +265,9 @@ __device__ WaitResult reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32
       const u64* reg = srcs + 5 * r;
       if (space_kind(reg) != kWindow) local[r] = load_payload(region_ptr(x, reg, c) + i * kPayload, bytes);
     }
+    // kPairwise at n == 2: rank 0's word waits in `first` and the pair is combined packed.
+    u64 first = 0, out = 0;
+    bool combined = false;
     for (u32 r = 0; r < n && r < kMaxWorld; ++r) {
       const u64* reg = srcs + 5 * r;
       u64 word = 0;
@@ -270,16 +277,32 @@ __device__ WaitResult reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32
       } else {
         word = local[r];
       }
+      if constexpr (kPairwise) {
+        if (n == 2) {
+          if (r == 0) {
+            first = word;
+            continue;
+          }
+          if (purlin::atom::combine_two_payload<Elem, ReduceOp, kPayload / 4>(first, word, out)) {
+            combined = true;
+            break;
+          }
+          // The rare payload with a NaN lane: rank 0's lanes into acc, then rank 1's below.
+#pragma unroll
+          for (u32 l = 0; l < kLanes; ++l) acc[l] = Elem::decode((Storage)(first >> (8 * sizeof(Storage) * l)));
+        }
+      }
 #pragma unroll
       for (u32 l = 0; l < kLanes; ++l) {
         const Acc v = Elem::decode((Storage)(word >> (8 * sizeof(Storage) * l)));
         acc[l] = r == 0 ? v : ReduceOp::apply(acc[l], v);
       }
     }
-    u64 out = 0;
+    if (!combined) {
 #pragma unroll
-    for (u32 l = 0; l < kLanes; ++l) {
-      out |= (u64)Elem::encode(scale_avg(acc[l], x.world)) << (8 * sizeof(Storage) * l);
+      for (u32 l = 0; l < kLanes; ++l) {
+        out |= (u64)Elem::encode(scale_avg(acc[l], x.world)) << (8 * sizeof(Storage) * l);
+      }
     }
     store_payload(dst + i * kPayload, out, bytes);
   }
