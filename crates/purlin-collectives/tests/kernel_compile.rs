@@ -62,8 +62,9 @@ fn runtime_units_compile_to_cubin() {
 /// at compile time: a change that spills more fails here, before any device time is spent.
 /// The ceilings are what main compiles to (NVRTC 13.0.88, 2026-12-04, after two sources in
 /// flight for sub-32-bit lanes in `reduce_vectors_direct` and the executor's reduce sources
-/// written one per thread into the Atom's shared table, and fp8 packed by the hardware;
-/// [`CEILINGS_NVRTC`]):
+/// written one per thread into the Atom's shared table, fp8 packed by the hardware, and two
+/// sources of a bf16/fp8 sum added in a 16-bit format, which raised the fp8 ceilings with
+/// every fp8 call measured faster, rounds 127–128; [`CEILINGS_NVRTC`]):
 /// lower them as spills are taken out, never raise them without a measurement that says the
 /// spill is cheaper.
 /// The last column: the by-value entry point (the graph path) spills nothing at all.
