@@ -252,7 +252,7 @@ __device__ __forceinline__ Acc scale_avg(Acc a, u64 world) {
 // 4.35. Not bf16: NVRTC unrolls the source loop below 16 times, each copy carrying the
 // combine, and bf16's staged calls (same kernel) got 1.3 us slower at 16 MiB for 0.2 us
 // gained at 512 KiB.
-constexpr bool kPairwise = purlin::atom::Pairwise<Elem, ReduceOp>::value && !kAvg && sizeof(Storage) == 1;
+constexpr bool kPairwise = purlin::atom::Pairwise<Elem, ReduceOp>::value && !kAvg;
 
 // Element-wise reduce of `len` bytes where some sources are packets in this rank's window.
 // Each thread stops at its first failed wait (bounded from `start`) and returns its result.
@@ -281,12 +281,14 @@ __device__ WaitResult reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32
       } else {
         word = local[r];
       }
+      // (`r < 2` first: in the unrolled copies of this loop for r >= 2 it folds to false and
+      // the combine is not carried there.)
       if constexpr (kPairwise) {
-        if (n == 2) {
-          if (r == 0) {
-            first = word;
-            continue;
-          }
+        if (r == 0 && n == 2) {
+          first = word;
+          continue;
+        }
+        if (r == 1 && n == 2) {
           if (purlin::atom::combine_two_payload<Elem, ReduceOp, kPayload / 4>(first, word, out)) {
             combined = true;
             break;
