@@ -246,12 +246,10 @@ __device__ __forceinline__ Acc scale_avg(Acc a, u64 world) {
   return a;
 }
 
-// Two fp8 sources of a Sum (`Pairwise`, which the Atom adds in f16x2): at world 2 a payload
-// is combined without decoding its lanes to f32 and encoding each in software (Avg scales
-// in f32). Round 128, one H200: e4m3 AllReduce 512 KiB 9.33 -> 7.03 us graph, 8 KiB 5.01 ->
-// 4.35. Not bf16: NVRTC unrolls the source loop below 16 times, each copy carrying the
-// combine, and bf16's staged calls (same kernel) got 1.3 us slower at 16 MiB for 0.2 us
-// gained at 512 KiB.
+// Two sources of a bf16 or fp8 Sum (`Pairwise`, which the Atom adds in bf16x2 / f16x2): at
+// world 2 a payload is combined without decoding its lanes to f32 and encoding each in
+// software (Avg scales in f32). One H200: e4m3 AllReduce 512 KiB 9.33 -> 7.03 us graph
+// (round 128), bf16 ReduceScatter 2 MiB 11.56 -> 11.18 (round 129).
 constexpr bool kPairwise = purlin::atom::Pairwise<Elem, ReduceOp>::value && !kAvg;
 
 // Element-wise reduce of `len` bytes where some sources are packets in this rank's window.
@@ -281,8 +279,9 @@ __device__ WaitResult reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32
       } else {
         word = local[r];
       }
-      // (`r < 2` first: in the unrolled copies of this loop for r >= 2 it folds to false and
-      // the combine is not carried there.)
+      // (NVRTC unrolls this loop kMaxWorld times; testing r first folds the combine away in
+      // the copies for r >= 2. Carried in all 16, it made bf16's staged calls in the same
+      // kernel 1.3 us slower at 16 MiB, round 128.)
       if constexpr (kPairwise) {
         if (r == 0 && n == 2) {
           first = word;
