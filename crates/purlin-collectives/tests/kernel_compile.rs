@@ -72,7 +72,7 @@ const SPILL_CEILINGS_SM90: &[(&str, u32, u32, bool)] = &[
     ("u32", 0, 0, true),
     ("i32", 0, 0, true),
     ("f32", 16, 8, true),
-    ("bf16", 32, 64, true),
+    ("bf16", 28, 20, true),
     ("f16", 182, 248, true),
     ("e4m3", 230, 592, false),
     ("e5m2", 314, 560, false),
