@@ -441,13 +441,15 @@ struct Max {
 #define PURLIN_ATOM_PAIRWISE 0
 #endif
 
-// Pairwise<T, Op>::word(x, y, out): out = x (op) y for one 32-bit word of lanes; nonzero
-// when a lane may not have the f32 path's bits (out is then unspecified). `value`: whether
+// Pairwise<T, Op>::word(x, y, out, guard): out = x (op) y for one 32-bit word of lanes,
+// folding into `guard` (0 before the first word) what ok(guard) needs to say whether every
+// lane so far has the f32 path's bits (where not, out is unspecified). `value`: whether
 // there is one.
 template <class T, class Op>
 struct Pairwise {
   static constexpr bool value = false;
-  __device__ __forceinline__ static u32 word(u32, u32, u32&) { return 1; }
+  __device__ __forceinline__ static void word(u32, u32, u32&, u32&) {}
+  __device__ __forceinline__ static bool ok(u32) { return false; }
 };
 
 #if PURLIN_ATOM_PAIRWISE
@@ -463,6 +465,12 @@ __device__ __forceinline__ u32 add_bf16x2(u32 a, u32 b) {
 __device__ __forceinline__ u32 add_f16x2(u32 a, u32 b) {
   u32 r;
   asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// max(acc, |s|) per half, NaN (0x7fff) where either is NaN.
+__device__ __forceinline__ u32 max_abs_f16x2(u32 acc, u32 s) {
+  u32 r;
+  asm("{\n .reg .b32 a;\n abs.f16x2 a, %2;\n max.NaN.f16x2 %0, %1, a;\n}" : "=r"(r) : "r"(acc), "r"(s));
   return r;
 }
 // Two fp8 codes (low byte -> low half) as f16x2, exact; and back, round to nearest even.
@@ -494,10 +502,11 @@ __device__ __forceinline__ u32 f16x2_to_fp8x2(u32 h) {
 template <>
 struct Pairwise<BF16, Sum> {
   static constexpr bool value = true;
-  __device__ __forceinline__ static u32 word(u32 x, u32 y, u32& out) {
+  __device__ __forceinline__ static void word(u32 x, u32 y, u32& out, u32& guard) {
     out = add_bf16x2(x, y);
-    return halves_above(out, 0x7f80u);
+    guard |= halves_above(out, 0x7f80u);
   }
+  __device__ __forceinline__ static bool ok(u32 guard) { return guard == 0; }
 };
 // fp8 (4 and 3 bits) through f16x2, where every fp8 value is exact and the sum of two is
 // exact up to d = 6 (e4m3's largest sum, 896, is far below f16's range). e4m3: only NaN
@@ -506,19 +515,21 @@ struct Pairwise<BF16, Sum> {
 template <bool E5M2>
 struct Fp8PairSum {
   static constexpr bool value = true;
-  __device__ __forceinline__ static u32 word(u32 x, u32 y, u32& out) {
-    constexpr u32 kLimit = E5M2 ? 0x7b7fu : 0x7c00u;
-    u32 bad = 0;
-    out = 0;
+  // guard: the largest |sum| so far, per half, NaN if any sum is (one `max.NaN.f16x2` of
+  // absolute values per pair of lanes; the limit is tested once, in ok).
+  __device__ __forceinline__ static void word(u32 x, u32 y, u32& out, u32& guard) {
+    u16 xh[2], yh[2], c[2];
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(xh[0]), "=h"(xh[1]) : "r"(x));
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(yh[0]), "=h"(yh[1]) : "r"(y));
 #pragma unroll
     for (u32 k = 0; k < 2; ++k) {
-      const u32 s =
-          add_f16x2(fp8x2_to_f16x2<E5M2>((u16)(x >> (16 * k))), fp8x2_to_f16x2<E5M2>((u16)(y >> (16 * k))));
-      bad |= halves_above(s, kLimit);
-      out |= f16x2_to_fp8x2<E5M2>(s) << (16 * k);
+      const u32 s = add_f16x2(fp8x2_to_f16x2<E5M2>(xh[k]), fp8x2_to_f16x2<E5M2>(yh[k]));
+      guard = max_abs_f16x2(guard, s);
+      c[k] = (u16)f16x2_to_fp8x2<E5M2>(s);
     }
-    return bad;
+    asm("mov.b32 %0, {%1, %2};" : "=r"(out) : "h"(c[0]), "h"(c[1]));
   }
+  __device__ __forceinline__ static bool ok(u32 guard) { return halves_above(guard, E5M2 ? 0x7b7fu : 0x7c00u) == 0; }
 };
 template <>
 struct Pairwise<E4M3, Sum> : Fp8PairSum<false> {};
@@ -543,10 +554,10 @@ __device__ __noinline__ V16 combine_two_f32(V16 x, V16 y) {
 template <class T, class Op>
 __device__ __forceinline__ V16 combine_two(const V16& x, const V16& y) {
   V16 out;
-  u32 bad = 0;
+  u32 guard = 0;
 #pragma unroll
-  for (u32 j = 0; j < 4; ++j) bad |= Pairwise<T, Op>::word(x.w[j], y.w[j], out.w[j]);
-  if (__builtin_expect(bad != 0, 0)) out = combine_two_f32<T, Op>(x, y);
+  for (u32 j = 0; j < 4; ++j) Pairwise<T, Op>::word(x.w[j], y.w[j], out.w[j], guard);
+  if (__builtin_expect(!Pairwise<T, Op>::ok(guard), 0)) out = combine_two_f32<T, Op>(x, y);
   return out;
 }
 
@@ -555,10 +566,10 @@ __device__ __forceinline__ V16 combine_two(const V16& x, const V16& y) {
 template <class T, class Op, u32 W>
 __device__ __forceinline__ bool combine_two_payload(u64 x, u64 y, u64& out) {
   static_assert(W == 1 || W == 2, "a payload is one or two words");
-  u32 o[2] = {0u, 0u}, bad = 0;
+  u32 o[2] = {0u, 0u}, guard = 0;
 #pragma unroll
-  for (u32 j = 0; j < W; ++j) bad |= Pairwise<T, Op>::word((u32)(x >> (32 * j)), (u32)(y >> (32 * j)), o[j]);
-  if (__builtin_expect(bad != 0, 0)) return false;
+  for (u32 j = 0; j < W; ++j) Pairwise<T, Op>::word((u32)(x >> (32 * j)), (u32)(y >> (32 * j)), o[j], guard);
+  if (__builtin_expect(!Pairwise<T, Op>::ok(guard), 0)) return false;
   out = o[0] | ((u64)o[1] << 32);
   return true;
 }
