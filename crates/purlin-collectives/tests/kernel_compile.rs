@@ -74,7 +74,7 @@ const SPILL_CEILINGS_SM90: &[(&str, u32, u32, bool)] = &[
     ("f32", 16, 8, true),
     ("bf16", 28, 20, true),
     ("f16", 182, 248, true),
-    ("e4m3", 214, 504, false),
+    ("e4m3", 214, 604, false),
     ("e5m2", 314, 560, false),
 ];
 
