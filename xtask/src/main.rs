@@ -37,9 +37,9 @@ fn main() -> Result<()> {
         "ab-round" => ab_round::ab_round(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <nvrtc | test [cargo test args] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR] | resources [FILTER] | ab-round [--out DIR] [--sweeps FILE] [--reps N] BASE CANDIDATE...>"
+                "usage: cargo xtask <nvrtc | test [cargo test args] | verify [--full] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR] | resources [FILTER] | ab-round [--out DIR] [--sweeps FILE] [--reps N] BASE CANDIDATE...>"
             );
-            if cmd == "help" { Ok(()) } else { bail!("unknown command {cmd:?}") }
+            if matches!(cmd, "help" | "--help" | "-h") { Ok(()) } else { bail!("unknown command {cmd:?}") }
         }
     }
 }
