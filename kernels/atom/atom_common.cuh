@@ -561,6 +561,22 @@ __device__ __forceinline__ V16 combine_two(const V16& x, const V16& y) {
   return out;
 }
 
+// x (op) y for one vector of two sources, any type: combine_two where Pairwise applies,
+// else both unpacked, combined lane by lane in rank order and packed.
+template <class T, class Op>
+__device__ __forceinline__ V16 combine_pair(const V16& x, const V16& y) {
+  if constexpr (Pairwise<T, Op>::value) {
+    return combine_two<T, Op>(x, y);
+  } else {
+    typename T::acc a[T::kLanes], b[T::kLanes];
+    T::unpack(x, a);
+    T::unpack(y, b);
+#pragma unroll
+    for (u32 e = 0; e < T::kLanes; ++e) a[e] = Op::apply(a[e], b[e]);
+    return T::pack(a);
+  }
+}
+
 // The same for the low W words of two 64-bit payloads (the executor's packets); false when
 // the caller must take the f32 path (nothing then is written).
 template <class T, class Op, u32 W>
