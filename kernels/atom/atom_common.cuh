@@ -537,16 +537,32 @@ template <>
 struct Pairwise<E5M2, Sum> : Fp8PairSum<true> {};
 #endif
 
+// x (op) y for one vector, both unpacked to the accumulator type, combined lane by lane in
+// rank order and packed; SOFT: through the software decode/encode (the exact fallback).
+template <class T, class Op, bool SOFT>
+__device__ __forceinline__ V16 combine_lanes(const V16& x, const V16& y) {
+  typename T::acc a[T::kLanes], b[T::kLanes];
+  if constexpr (SOFT) {
+    T::unpack_soft(x, a);
+    T::unpack_soft(y, b);
+  } else {
+    T::unpack(x, a);
+    T::unpack(y, b);
+  }
+#pragma unroll
+  for (u32 e = 0; e < T::kLanes; ++e) a[e] = Op::apply(a[e], b[e]);
+  if constexpr (SOFT) {
+    return T::pack_soft(a);
+  } else {
+    return T::pack(a);
+  }
+}
+
 // x (op) y for one vector through the f32 path. Out of line: it is the rare vector, and
 // inlined its 2 x kLanes floats weigh on the registers of every loop that calls it.
 template <class T, class Op>
 __device__ __noinline__ V16 combine_two_f32(V16 x, V16 y) {
-  typename T::acc a[T::kLanes], b[T::kLanes];
-  T::unpack_soft(x, a);
-  T::unpack_soft(y, b);
-#pragma unroll
-  for (u32 e = 0; e < T::kLanes; ++e) a[e] = Op::apply(a[e], b[e]);
-  return T::pack_soft(a);
+  return combine_lanes<T, Op, true>(x, y);
 }
 
 // x (op) y for one vector of two sources: Pairwise where it applies, else (or for the rare
@@ -568,12 +584,7 @@ __device__ __forceinline__ V16 combine_pair(const V16& x, const V16& y) {
   if constexpr (Pairwise<T, Op>::value) {
     return combine_two<T, Op>(x, y);
   } else {
-    typename T::acc a[T::kLanes], b[T::kLanes];
-    T::unpack(x, a);
-    T::unpack(y, b);
-#pragma unroll
-    for (u32 e = 0; e < T::kLanes; ++e) a[e] = Op::apply(a[e], b[e]);
-    return T::pack(a);
+    return combine_lanes<T, Op, false>(x, y);
   }
 }
 

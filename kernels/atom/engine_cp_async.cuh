@@ -44,6 +44,16 @@ struct TileShape {
   }
   // Does the thread hold vector v of the partial tile?
   __device__ __forceinline__ bool in_rem(u32 v) const { return v * nt + t < rem; }
+  // consume(masked) once per tile: the whole tiles unmasked in a loop left rolled (NVRTC
+  // unrolled the copy's four times, round 132, which made every copy slower), then the
+  // partial one masked; then the pipeline drained.
+  template <class Consume>
+  __device__ __forceinline__ void walk(Consume& consume) const {
+#pragma unroll 1
+    for (u64 k = 0; k < whole; ++k) consume(false);
+    if (rem) consume(true);
+    cp_async_wait<0>();
+  }
 };
 
 // One source's issue cursor: the thread's address in the next tile to load, as bytes, and
@@ -108,8 +118,7 @@ struct CpAsyncEngine {
   static constexpr u32 kInFlightPerThread = (STAGES - 1) * VECS * 16;
 
   // Copy through the ring: item k is tile k, one commit group per item; the whole tiles
-  // unmasked, the last, partial one cut at `rem` vectors. The tile loop stays rolled: NVRTC
-  // unrolled it four times (round 132), which made every copy slower.
+  // unmasked, the last, partial one cut at `rem` vectors.
   static __device__ __forceinline__ void copy_vectors(V16* dst, const V16* src, u64 nvec, void* smem) {
     const TileShape<VECS> sh(nvec);
     IssueCursor<VECS> in((u64)src, sh);
@@ -127,10 +136,7 @@ struct CpAsyncEngine {
       ring.advance();
       d += sh.tile_bytes;
     };
-#pragma unroll 1
-    for (u64 k = 0; k < sh.whole; ++k) consume(false);
-    if (sh.rem) consume(true);
-    cp_async_wait<0>();
+    sh.walk(consume);
   }
 
   // Reduce of two sources (every reduce at world 2): reduce_vectors's pipeline with its
@@ -167,10 +173,7 @@ struct CpAsyncEngine {
       ring.advance();
       d += sh.tile_bytes;
     };
-#pragma unroll 1
-    for (u64 k = 0; k < sh.whole; ++k) consume(false);
-    if (sh.rem) consume(true);
-    cp_async_wait<0>();
+    sh.walk(consume);
   }
 
   // Reduce, rank-interleaved: pipeline item k is (tile k / n, rank k % n), one commit group
