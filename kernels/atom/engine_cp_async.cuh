@@ -115,6 +115,16 @@ template <>
 struct TwoSourcePipeline<F16, Sum> {
   static constexpr bool value = true;
 };
+// Mean (the executor's Avg) as the sum of its type: fp8 stays on the generic reduce (no
+// Pairwise path for a mean; unpacked, its pair added ~5000 instructions, round 132).
+template <class T>
+struct TwoSourcePipeline<T, Mean> {
+  static constexpr bool value = TwoSourcePipeline<T, Sum>::value && !Pairwise<T, Sum>::value;
+};
+template <>
+struct TwoSourcePipeline<BF16, Mean> {
+  static constexpr bool value = true;
+};
 
 template <u32 STAGES, u32 VECS>
 struct CpAsyncEngine {
@@ -274,7 +284,11 @@ struct CpAsyncEngine {
       }
 #pragma unroll
       for (u32 v = 0; v < VECS; ++v) {
-        if (!masked || v * nt + t < rem) st_global_v16((V16*)(d + (u64)v * stride), T::pack(a[v]));
+        if (!masked || v * nt + t < rem) {
+#pragma unroll
+          for (u32 e = 0; e < E; ++e) a[v][e] = Op::finish(a[v][e], n);
+          st_global_v16((V16*)(d + (u64)v * stride), T::pack(a[v]));
+        }
       }
       d += tile_bytes;
     };
