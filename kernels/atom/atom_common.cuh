@@ -399,25 +399,56 @@ struct U32 {
 
 __device__ __forceinline__ bool is_nan(float x) { return x != x; }
 
+// Each operator: apply(a, b), the combine in rank order, and finish(a, n), applied once to
+// the combined accumulator of n sources before it is encoded (the identity but for Mean).
 struct Sum {
   __device__ __forceinline__ static float apply(float a, float b) { return a + b; }
   __device__ __forceinline__ static i32 apply(i32 a, i32 b) { return (i32)((u32)a + (u32)b); }
   __device__ __forceinline__ static u32 apply(u32 a, u32 b) { return a + b; }
+  template <class A>
+  __device__ __forceinline__ static A finish(A a, u32) {
+    return a;
+  }
 };
 struct Prod {
   __device__ __forceinline__ static float apply(float a, float b) { return a * b; }
   __device__ __forceinline__ static i32 apply(i32 a, i32 b) { return (i32)((u32)a * (u32)b); }
   __device__ __forceinline__ static u32 apply(u32 a, u32 b) { return a * b; }
+  template <class A>
+  __device__ __forceinline__ static A finish(A a, u32) {
+    return a;
+  }
 };
 struct Min {
   __device__ __forceinline__ static float apply(float a, float b) { return is_nan(a) ? a : (is_nan(b) || b < a) ? b : a; }
   __device__ __forceinline__ static i32 apply(i32 a, i32 b) { return b < a ? b : a; }
   __device__ __forceinline__ static u32 apply(u32 a, u32 b) { return b < a ? b : a; }
+  template <class A>
+  __device__ __forceinline__ static A finish(A a, u32) {
+    return a;
+  }
 };
 struct Max {
   __device__ __forceinline__ static float apply(float a, float b) { return is_nan(a) ? a : (is_nan(b) || b > a) ? b : a; }
   __device__ __forceinline__ static i32 apply(i32 a, i32 b) { return b > a ? b : a; }
   __device__ __forceinline__ static u32 apply(u32 a, u32 b) { return b > a ? b : a; }
+  template <class A>
+  __device__ __forceinline__ static A finish(A a, u32) {
+    return a;
+  }
+};
+// The mean of n sources: combined like Sum, then divided by n once, in the accumulator
+// (floats in f32, so one rounding into the storage type; integers truncate toward zero).
+// The executor's Avg (a sum scaled by 1/world) where a reduce has all world ranks as its
+// sources: the scale then costs no pass of its own over the output (round 138).
+struct Mean {
+  template <class A>
+  __device__ __forceinline__ static A apply(A a, A b) {
+    return Sum::apply(a, b);
+  }
+  __device__ __forceinline__ static float finish(float a, u32 n) { return a / (float)n; }
+  __device__ __forceinline__ static i32 finish(i32 a, u32 n) { return a / (i32)n; }
+  __device__ __forceinline__ static u32 finish(u32 a, u32 n) { return a / n; }
 };
 
 // ---------------------------------------------------------------- two sources, in 16-bit lanes
@@ -550,7 +581,7 @@ __device__ __forceinline__ V16 combine_lanes(const V16& x, const V16& y) {
     T::unpack(y, b);
   }
 #pragma unroll
-  for (u32 e = 0; e < T::kLanes; ++e) a[e] = Op::apply(a[e], b[e]);
+  for (u32 e = 0; e < T::kLanes; ++e) a[e] = Op::finish(Op::apply(a[e], b[e]), 2u);
   if constexpr (SOFT) {
     return T::pack_soft(a);
   } else {
@@ -711,12 +742,12 @@ __device__ __noinline__ void reduce_scalar(typename T::storage* dst, const u64* 
       for (u32 k = 0; k < kScalarUnroll; ++k) a[k] = Op::apply(a[k], T::decode(v[k]));
     }
 #pragma unroll
-    for (u32 k = 0; k < kScalarUnroll; ++k) dst[i + k * step] = T::encode(a[k]);
+    for (u32 k = 0; k < kScalarUnroll; ++k) dst[i + k * step] = T::encode(Op::finish(a[k], n));
   }
   for (; i < end; i += step) {
     A a = T::decode(((const S*)srcs[0])[i]);
     for (u32 r = 1; r < n; ++r) a = Op::apply(a, T::decode(((const S*)srcs[r])[i]));
-    dst[i] = T::encode(a);
+    dst[i] = T::encode(Op::finish(a, n));
   }
 }
 
@@ -764,6 +795,8 @@ __device__ __forceinline__ void reduce_vectors_direct(V16* dst, const u64* srcs,
       }
     }
   }
+#pragma unroll
+  for (u32 e = 0; e < E; ++e) a[e] = Op::finish(a[e], n);
   st_global_v16(dst + i, T::pack(a));
 }
 

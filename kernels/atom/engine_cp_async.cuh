@@ -101,13 +101,28 @@ struct StageRing {
 };
 
 // Which reduces take reduce_two at two sources: those whose pair combines without
-// unpacking to a wider accumulator (Pairwise words) and f32 sums.
+// unpacking to a wider accumulator (Pairwise words), and f32 and f16 sums (f16 combines
+// in f32, one conversion per lane each way; round 135: 2-3% faster at 1-4 MiB).
 template <class T, class Op>
 struct TwoSourcePipeline {
   static constexpr bool value = Pairwise<T, Op>::value;
 };
 template <>
 struct TwoSourcePipeline<F32, Sum> {
+  static constexpr bool value = true;
+};
+template <>
+struct TwoSourcePipeline<F16, Sum> {
+  static constexpr bool value = true;
+};
+// Mean (the executor's Avg) as the sum of its type: fp8 stays on the generic reduce (no
+// Pairwise path for a mean; unpacked, its pair added ~5000 instructions, round 132).
+template <class T>
+struct TwoSourcePipeline<T, Mean> {
+  static constexpr bool value = TwoSourcePipeline<T, Sum>::value && !Pairwise<T, Sum>::value;
+};
+template <>
+struct TwoSourcePipeline<BF16, Mean> {
   static constexpr bool value = true;
 };
 
@@ -185,11 +200,11 @@ struct CpAsyncEngine {
   // 220 with the former item loop (per-item 64-bit index arithmetic, accumulator copies,
   // per-vector bounds tests; 67 static instructions per store for the software bf16
   // encode), 94 then (145 with PURLIN_ATOM_SOFT_CONVERT=1); f32: 113 -> 56. (Measured before
-  // reduce_two, which now takes two-source bf16, fp8 and f32 sums.)
+  // reduce_two, which now takes two-source bf16, fp8, f16 and f32 sums.)
   template <class T, class Op>
   static __device__ __forceinline__ void reduce_vectors(V16* dst, const u64* srcs, u64 off, u32 n, u64 nvec,
                                                         void* smem) {
-    // Only where a pair combines cheaply (Pairwise words, or f32 sums): round 132 saw the
+    // Only where a pair combines cheaply (Pairwise words, f32 and f16 sums): round 132 saw the
     // unpacked two-source path spill in the 32-bit prod/min/max kernels and add ~5000
     // instructions to fp8 prod/min/max, which gain nothing from it.
     if constexpr (TwoSourcePipeline<T, Op>::value) {
@@ -269,7 +284,11 @@ struct CpAsyncEngine {
       }
 #pragma unroll
       for (u32 v = 0; v < VECS; ++v) {
-        if (!masked || v * nt + t < rem) st_global_v16((V16*)(d + (u64)v * stride), T::pack(a[v]));
+        if (!masked || v * nt + t < rem) {
+#pragma unroll
+          for (u32 e = 0; e < E; ++e) a[v][e] = Op::finish(a[v][e], n);
+          st_global_v16((V16*)(d + (u64)v * stride), T::pack(a[v]));
+        }
       }
       d += tile_bytes;
     };

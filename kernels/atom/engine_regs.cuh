@@ -74,7 +74,11 @@ struct RegEngine {
 #pragma unroll
       for (u32 u = 0; u < U; ++u) {
         const u64 i = base + (u64)u * nt + t;
-        if (i < nvec) st_global_v16(dst + i, T::pack(a[u]));
+        if (i < nvec) {
+#pragma unroll
+          for (u32 e = 0; e < E; ++e) a[u][e] = Op::finish(a[u][e], n);
+          st_global_v16(dst + i, T::pack(a[u]));
+        }
       }
     }
   }

@@ -33,6 +33,7 @@ typedef unsigned char u8;
 using purlin::sync::Packet16;
 using purlin::sync::Packet8;
 using purlin::sync::WaitResult;
+using purlin::atom::V16;
 
 constexpr u32 kMaxWorld = 16;
 
@@ -314,11 +315,47 @@ __device__ WaitResult reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32
   return purlin::sync::kWaitOk;
 }
 
-// Divides `count` elements at dst by world in place (Avg = sum, then scale).
+// Divides `count` elements at dst by world in place (Avg = sum, then scale), right after the
+// block's reduce wrote them (still in L2). 16-byte vectors, kScaleVectors in flight per
+// thread: the former loop of one element per thread took ~25 us per MiB of f16 (round 136:
+// staged f16 Avg AllReduce 64 MiB 1913 us against Sum's 262).
+constexpr u32 kScaleVectors = 4;
+
+__device__ __forceinline__ void scale_vector(V16& v, u64 world) {
+  Acc a[Elem::kLanes];
+  Elem::unpack(v, a);
+#pragma unroll
+  for (u32 l = 0; l < Elem::kLanes; ++l) a[l] = scale_avg(a[l], world);
+  v = Elem::pack(a);
+}
+
 __device__ void scale_in_place(u8* dst, u64 count, u64 world) {
   Storage* d = (Storage*)dst;
-  for (u64 i = purlin::atom::tid(); i < count; i += purlin::atom::nthreads()) {
-    d[i] = Elem::encode(scale_avg(Elem::decode(d[i]), world));
+  const u32 t = purlin::atom::tid(), nt = purlin::atom::nthreads();
+  // Elements before the first 16-byte boundary, then whole vectors, then the rest.
+  u64 head = ((16u - ((u64)dst & 15u)) & 15u) / sizeof(Storage);
+  if (((u64)dst % sizeof(Storage)) != 0 || head > count) head = count;
+  const u64 nvec = (count - head) / Elem::kLanes;
+  for (u64 i = t; i < head; i += nt) d[i] = Elem::encode(scale_avg(Elem::decode(d[i]), world));
+  V16* vecs = (V16*)(d + head);
+  u64 i = t;
+  for (; i + (u64)(kScaleVectors - 1) * nt < nvec; i += (u64)kScaleVectors * nt) {
+    V16 v[kScaleVectors];
+#pragma unroll
+    for (u32 k = 0; k < kScaleVectors; ++k) v[k] = purlin::atom::ld_global_cg_v16(vecs + i + k * nt);
+#pragma unroll
+    for (u32 k = 0; k < kScaleVectors; ++k) {
+      scale_vector(v[k], world);
+      purlin::atom::st_global_v16(vecs + i + k * nt, v[k]);
+    }
+  }
+  for (; i < nvec; i += nt) {
+    V16 v = purlin::atom::ld_global_cg_v16(vecs + i);
+    scale_vector(v, world);
+    purlin::atom::st_global_v16(vecs + i, v);
+  }
+  for (u64 j = head + nvec * Elem::kLanes + t; j < count; j += nt) {
+    d[j] = Elem::encode(scale_avg(Elem::decode(d[j]), world));
   }
 }
 

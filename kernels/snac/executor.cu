@@ -86,10 +86,19 @@ __device__ void run_step(const Ctx& x, const u64* r, u64 at, u64 c, bool fresh) 
       }
       __syncthreads();  // the table is visible to every thread
       const u64 elems = len / sizeof(Storage);
-      purlin::atom::reduce_table<Elem, ReduceOp>(dst, n, elems, x.smem);
-      if (kAvg) {
-        scale_in_place(dst, elems, x.world);
-        __syncthreads();
+      if constexpr (kAvg) {
+        // Avg scales by 1/world: fused into the reduce (the Atom's Mean divides by its source
+        // count) where every rank is a source; otherwise, and for fp8 (whose Mean reduce beside
+        // the Sum one spilled ~3 KiB per thread, NVRTC 13.0), summed, then scaled in a pass.
+        if (sizeof(Storage) > 1 && n == x.world) {
+          purlin::atom::reduce_table<Elem, purlin::atom::Mean>(dst, n, elems, x.smem);
+        } else {
+          purlin::atom::reduce_table<Elem, ReduceOp>(dst, n, elems, x.smem);
+          scale_in_place(dst, elems, x.world);
+          __syncthreads();
+        }
+      } else {
+        purlin::atom::reduce_table<Elem, ReduceOp>(dst, n, elems, x.smem);
       }
       return;
     }
