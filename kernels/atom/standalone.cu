@@ -54,7 +54,8 @@ struct SrcPtrs {
   PURLIN_ATOM_REDUCE_KERNEL(TNAME##_sum, T, Sum)   \
   PURLIN_ATOM_REDUCE_KERNEL(TNAME##_prod, T, Prod) \
   PURLIN_ATOM_REDUCE_KERNEL(TNAME##_min, T, Min)   \
-  PURLIN_ATOM_REDUCE_KERNEL(TNAME##_max, T, Max)
+  PURLIN_ATOM_REDUCE_KERNEL(TNAME##_max, T, Max)   \
+  PURLIN_ATOM_REDUCE_KERNEL(TNAME##_mean, T, Mean)
 
 // One translation unit per element type keeps each NVRTC compile short (purlin-atom
 // compiles them lazily and in parallel): -DPURLIN_ATOM_WITH_<TYPE> selects the reduce and

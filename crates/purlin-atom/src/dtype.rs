@@ -83,11 +83,15 @@ pub enum ReduceOp {
     Min,
     /// Maximum; a NaN operand gives NaN; ties keep the earlier rank.
     Max,
+    /// The mean of the n sources: summed as `Sum`, then divided by n once, in the
+    /// accumulator (floats: in f32, so one rounding into the element type; integers: the
+    /// wrapped sum, divided truncating toward zero).
+    Mean,
 }
 
 impl ReduceOp {
     /// Every operator.
-    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max];
+    pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Mean];
 
     /// The short name used in kernel names.
     pub const fn name(self) -> &'static str {
@@ -96,6 +100,7 @@ impl ReduceOp {
             ReduceOp::Prod => "prod",
             ReduceOp::Min => "min",
             ReduceOp::Max => "max",
+            ReduceOp::Mean => "mean",
         }
     }
 }

@@ -226,11 +226,28 @@ kind!(KU32, u32, u32, |s: u32| s, |a: u32| a);
 
 trait Apply<A> {
     fn apply(a: A, b: A) -> A;
+    /// Applied once to the accumulator of `n` sources before it is encoded.
+    #[inline(always)]
+    fn finish(a: A, _n: u32) -> A {
+        a
+    }
 }
 struct OSum;
 struct OProd;
 struct OMin;
 struct OMax;
+struct OMean;
+
+impl Apply<f32> for OMean {
+    #[inline(always)]
+    fn apply(a: f32, b: f32) -> f32 {
+        a + b
+    }
+    #[inline(always)]
+    fn finish(a: f32, n: u32) -> f32 {
+        a / n as f32
+    }
+}
 
 impl Apply<f32> for OSum {
     #[inline(always)]
@@ -294,6 +311,17 @@ macro_rules! int_ops {
                 if b > a { b } else { a }
             }
         }
+        impl Apply<$t> for OMean {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t {
+                a.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn finish(a: $t, n: u32) -> $t {
+                // Truncating division, as C's; n is 1..=MAX_SOURCES, so it fits and is not -1.
+                a / n as $t
+            }
+        }
     };
 }
 int_ops!(i32);
@@ -311,6 +339,7 @@ unsafe fn combine<K: Kind, O: Apply<K::A>>(dst: *mut u8, srcs: &[*const u8], cou
             // SAFETY: as above.
             a = O::apply(a, K::dec(unsafe { s.cast::<K::S>().add(i).read_unaligned() }));
         }
+        let a = O::finish(a, srcs.len() as u32);
         // SAFETY: i < count; element i of every source was read above, before this write.
         unsafe { dst.add(i).write_unaligned(K::enc(a)) };
     }
@@ -322,6 +351,7 @@ where
     OProd: Apply<K::A>,
     OMin: Apply<K::A>,
     OMax: Apply<K::A>,
+    OMean: Apply<K::A>,
 {
     // SAFETY: forwarded from the caller.
     unsafe {
@@ -330,6 +360,7 @@ where
             ReduceOp::Prod => combine::<K, OProd>(dst, srcs, count),
             ReduceOp::Min => combine::<K, OMin>(dst, srcs, count),
             ReduceOp::Max => combine::<K, OMax>(dst, srcs, count),
+            ReduceOp::Mean => combine::<K, OMean>(dst, srcs, count),
         }
     }
 }

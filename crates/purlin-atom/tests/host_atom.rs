@@ -168,11 +168,14 @@ fn reduce_ref(dtype: DType, op: ReduceOp, srcs: &[Vec<u8>]) -> Vec<u8> {
                 for &c in &codes[1..] {
                     let b = c as i32;
                     a = match op {
-                        ReduceOp::Sum => a.wrapping_add(b),
+                        ReduceOp::Sum | ReduceOp::Mean => a.wrapping_add(b),
                         ReduceOp::Prod => a.wrapping_mul(b),
                         ReduceOp::Min => a.min(b),
                         ReduceOp::Max => a.max(b),
                     };
+                }
+                if op == ReduceOp::Mean {
+                    a /= srcs.len() as i32; // truncates toward zero
                 }
                 a as u32
             }
@@ -180,11 +183,14 @@ fn reduce_ref(dtype: DType, op: ReduceOp, srcs: &[Vec<u8>]) -> Vec<u8> {
                 let mut a = codes[0];
                 for &b in &codes[1..] {
                     a = match op {
-                        ReduceOp::Sum => a.wrapping_add(b),
+                        ReduceOp::Sum | ReduceOp::Mean => a.wrapping_add(b),
                         ReduceOp::Prod => a.wrapping_mul(b),
                         ReduceOp::Min => a.min(b),
                         ReduceOp::Max => a.max(b),
                     };
+                }
+                if op == ReduceOp::Mean {
+                    a /= srcs.len() as u32;
                 }
                 a
             }
@@ -193,7 +199,7 @@ fn reduce_ref(dtype: DType, op: ReduceOp, srcs: &[Vec<u8>]) -> Vec<u8> {
                 for &c in &codes[1..] {
                     let b = dec(c);
                     a = match op {
-                        ReduceOp::Sum => a + b,
+                        ReduceOp::Sum | ReduceOp::Mean => a + b,
                         ReduceOp::Prod => a * b,
                         // NaN-propagating; on ties (incl. -0 vs +0) the earlier rank stays.
                         ReduceOp::Min if a.is_nan() || b.is_nan() => f32::NAN,
@@ -213,6 +219,10 @@ fn reduce_ref(dtype: DType, op: ReduceOp, srcs: &[Vec<u8>]) -> Vec<u8> {
                             }
                         }
                     };
+                }
+                // Mean: divided once, in f32, then rounded once into the element type.
+                if op == ReduceOp::Mean {
+                    a /= srcs.len() as f32;
                 }
                 enc(a)
             }
@@ -243,7 +253,7 @@ fn reduce_matches_the_reference_for_every_dtype_and_op() {
             }
         }
     }
-    assert_eq!(cases, 7 * 4 * 5 * 7);
+    assert_eq!(cases, 7 * ReduceOp::ALL.len() * 5 * 7);
 }
 
 #[test]

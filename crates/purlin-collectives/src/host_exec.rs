@@ -697,14 +697,22 @@ impl BlockRun<'_> {
         // SAFETY: `d` has n bytes in bounds; separate sources never overlap it partially
         // (the plan contract), and an exactly-equal one is passed as HostSrc::Dst.
         let dst_bytes = unsafe { std::slice::from_raw_parts_mut(d, n as usize) };
+        // Avg rounds as the device executor does: once (the Atom's Mean) where every rank is a
+        // source and the reduce reads packets or its element is wider than a byte
+        // (`reduce_packets` and the fused staged reduce); else summed, then divided in a
+        // second pass (executor.cu's scale pass).
+        let packets = owned.iter().any(Option::is_some);
+        let avg_fused = sources.len() == spec.world as usize && (packets || dtype.size() > 1);
         let atom_op = match op {
-            ReduceOp::Sum | ReduceOp::Avg => purlin_atom::ReduceOp::Sum,
+            ReduceOp::Sum => purlin_atom::ReduceOp::Sum,
+            ReduceOp::Avg if avg_fused => purlin_atom::ReduceOp::Mean,
+            ReduceOp::Avg => purlin_atom::ReduceOp::Sum,
             ReduceOp::Prod => purlin_atom::ReduceOp::Prod,
             ReduceOp::Min => purlin_atom::ReduceOp::Min,
             ReduceOp::Max => purlin_atom::ReduceOp::Max,
         };
         reduce_bytes_with(dtype, atom_op, dst_bytes, &sources).map_err(|e| bad(e.to_string()))?;
-        if op == ReduceOp::Avg {
+        if op == ReduceOp::Avg && !avg_fused {
             divide_in_place(dtype, dst_bytes, spec.world);
         }
         Ok(())

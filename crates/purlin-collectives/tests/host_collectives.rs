@@ -390,3 +390,59 @@ fn default_config_quick_check() {
     }
     let _ = CpuConfig::from_env().expect("env config");
 }
+
+/// Avg rounds once, as the device executor: the f32 sum of the ranks' values in rank order,
+/// divided by the world, then rounded into the element type (the Atom's `Mean`). At world 3
+/// on random f16 values this differs from rounding the sum first in a fair share of elements,
+/// which the test counts, so it cannot pass with the other rule.
+#[test]
+fn avg_rounds_once_in_both_regimes() {
+    use half::f16;
+    const WORLD: usize = 3;
+    const N: usize = 4000;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    // Normal values in ±[0.5, 512): the sum of three stays normal and far from overflow.
+    let inputs: Vec<Vec<f16>> = (0..WORLD)
+        .map(|_| {
+            (0..N)
+                .map(|_| {
+                    let r = next();
+                    let mag = 0.5 + (r % 1_000_000) as f32 / 1_000_000.0 * 511.0;
+                    f16::from_f32(if r >> 63 == 1 { -mag } else { mag })
+                })
+                .collect()
+        })
+        .collect();
+    let sum = |i: usize| inputs.iter().fold(0f32, |a, x| a + x[i].to_f32());
+    let want: Vec<f16> = (0..N).map(|i| f16::from_f32(sum(i) / WORLD as f32)).collect();
+    let rounded_twice = (0..N).filter(|&i| f16::from_f32(f16::from_f32(sum(i)).to_f32() / WORLD as f32) != want[i]);
+    assert!(rounded_twice.count() > N / 20, "the inputs must tell the two roundings apart");
+    for setup in [Setup::Latency, Setup::ThroughputPeer, Setup::ThroughputOwn] {
+        let comms = comms(WORLD, setup, ReductionMode::Deterministic);
+        let outs: Vec<Vec<f16>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .zip(&inputs)
+                .map(|(c, x)| {
+                    s.spawn(move || {
+                        let mut y = vec![f16::ZERO; N];
+                        c.all_reduce(x, &mut y, &ReduceOp::Avg).expect("all_reduce");
+                        y
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank")).collect()
+        });
+        for (r, out) in outs.iter().enumerate() {
+            if let Some(i) = (0..N).find(|&i| out[i].to_bits() != want[i].to_bits()) {
+                panic!("{setup:?} rank {r} element {i}: {} (want {})", out[i], want[i]);
+            }
+        }
+    }
+}

@@ -318,9 +318,9 @@ fn reduce_ref(d: DataType, op: ReduceOp, world: usize, srcs: &[&[u8]]) -> Vec<u8
     if op != ReduceOp::Avg {
         return enc_float(d, v);
     }
-    // Avg: the sum rounded to the element type, then divided by the world in f32 and rounded.
-    let sum = dec_float(d, &enc_float(d, v)) as f32;
-    let q = sum / world as f32;
+    // Avg: the sum (exact: small integers), divided by the world in f32 and rounded once, as
+    // the executors' Mean (`avg_rounds_once_in_both_regimes` tells the roundings apart).
+    let q = v as f32 / world as f32;
     match d {
         DataType::F32 => q.to_le_bytes().to_vec(),
         DataType::F16 => half::f16::from_f32(q).to_le_bytes().to_vec(),
