@@ -569,7 +569,8 @@ struct Pairwise<E5M2, Sum> : Fp8PairSum<true> {};
 #endif
 
 // x (op) y for one vector, both unpacked to the accumulator type, combined lane by lane in
-// rank order and packed; SOFT: through the software decode/encode (the exact fallback).
+// rank order, finished as a reduce of two sources (Mean halves) and packed; SOFT: through
+// the software decode/encode (the exact fallback). Only for whole two-source reduces.
 template <class T, class Op, bool SOFT>
 __device__ __forceinline__ V16 combine_lanes(const V16& x, const V16& y) {
   typename T::acc a[T::kLanes], b[T::kLanes];

@@ -241,7 +241,7 @@ struct OMean;
 impl Apply<f32> for OMean {
     #[inline(always)]
     fn apply(a: f32, b: f32) -> f32 {
-        a + b
+        OSum::apply(a, b)
     }
     #[inline(always)]
     fn finish(a: f32, n: u32) -> f32 {
@@ -314,7 +314,7 @@ macro_rules! int_ops {
         impl Apply<$t> for OMean {
             #[inline(always)]
             fn apply(a: $t, b: $t) -> $t {
-                a.wrapping_add(b)
+                <OSum as Apply<$t>>::apply(a, b)
             }
             #[inline(always)]
             fn finish(a: $t, n: u32) -> $t {
