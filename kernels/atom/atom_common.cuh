@@ -465,8 +465,10 @@ __constant__ float kReciprocalRn[17] = {0.0f,        1.0f,        1.0f / 2.0f,  
 __device__ __forceinline__ float div_rn_small(float a, u32 n) {
   const float r = kReciprocalRn[n];
   const float q = __fmul_rn(a, r);
-  if (q == 0.0f || !(fabsf(q) <= 3.402823466e38f)) return q;  // ±0 (sign kept), Inf, NaN
-  return __fmaf_rn(__fmaf_rn(-q, (float)n, a), r, q);
+  const float corrected = __fmaf_rn(__fmaf_rn(-q, (float)n, a), r, q);
+  // |q| - 1 wraps for ±0 (whose sign is kept) and lies past the largest finite for Inf, NaN.
+  const bool special = (f32_bits(q) & 0x7fffffffu) - 1u >= 0x7f7fffffu;
+  return special ? q : corrected;
 }
 
 template <class X, class Y>
