@@ -451,6 +451,62 @@ struct Mean {
   __device__ __forceinline__ static u32 finish(u32 a, u32 n) { return a / n; }
 };
 
+// RN(1/n) for n = 1..16 (kMaxWorld sources at most; index 0 unused).
+__constant__ float kReciprocalRn[17] = {0.0f,        1.0f,        1.0f / 2.0f,  1.0f / 3.0f,  1.0f / 4.0f,  1.0f / 5.0f,
+                                        1.0f / 6.0f, 1.0f / 7.0f, 1.0f / 8.0f,  1.0f / 9.0f,  1.0f / 10.0f, 1.0f / 11.0f,
+                                        1.0f / 12.0f, 1.0f / 13.0f, 1.0f / 14.0f, 1.0f / 15.0f, 1.0f / 16.0f};
+
+// a / n correctly rounded, for n in 1..16 and a zero, Inf, NaN or of magnitude at least
+// 2^-100 (a quotient far from f32's subnormals): q = a * RN(1/n), then Markstein's FMA
+// correction, exact for every f32 significand and n (purlin-atom's host test
+// `mean_division_by_fma_matches_ieee` checks the recipe against IEEE division). Inline and
+// branch-free but for the specials, where div.rn's slow-path call inlined at every fp8
+// finish spilled the e4m3 Avg executor to 266/576 bytes stored/loaded (NVRTC 13.0).
+__device__ __forceinline__ float div_rn_small(float a, u32 n) {
+  const float r = kReciprocalRn[n];
+  const float q = __fmul_rn(a, r);
+  const float corrected = __fmaf_rn(__fmaf_rn(-q, (float)n, a), r, q);
+  // |q| - 1 wraps for ±0 (whose sign is kept) and lies past the largest finite for Inf, NaN.
+  const bool special = (f32_bits(q) & 0x7fffffffu) - 1u >= 0x7f7fffffu;
+  return special ? q : corrected;
+}
+
+template <class X, class Y>
+struct SameType {
+  static constexpr bool value = false;
+};
+template <class X>
+struct SameType<X, X> {
+  static constexpr bool value = true;
+};
+
+// Whether Mean divides T's accumulator with div_rn_small: fp8, whose sums of at most 16
+// values are zero or at least 2^-16 in magnitude. Wider types keep IEEE division, which
+// compiles without spilling there.
+template <class T>
+struct DivideByFma {
+  static constexpr bool value = false;
+};
+template <>
+struct DivideByFma<E4M3> {
+  static constexpr bool value = true;
+};
+template <>
+struct DivideByFma<E5M2> {
+  static constexpr bool value = true;
+};
+
+// Op's finish of n sources for element type T (Op::finish, but fp8's Mean through
+// div_rn_small): every reduce calls this once per element before the encode.
+template <class T, class Op, class A>
+__device__ __forceinline__ A finish(A a, u32 n) {
+  if constexpr (SameType<Op, Mean>::value && DivideByFma<T>::value) {
+    return div_rn_small(a, n);
+  } else {
+    return Op::finish(a, n);
+  }
+}
+
 // ---------------------------------------------------------------- two sources, in 16-bit lanes
 //
 // Every reduce at world 2 has exactly two sources. For Sum of two bf16 or fp8 values the
@@ -582,7 +638,7 @@ __device__ __forceinline__ V16 combine_lanes(const V16& x, const V16& y) {
     T::unpack(y, b);
   }
 #pragma unroll
-  for (u32 e = 0; e < T::kLanes; ++e) a[e] = Op::finish(Op::apply(a[e], b[e]), 2u);
+  for (u32 e = 0; e < T::kLanes; ++e) a[e] = finish<T, Op>(Op::apply(a[e], b[e]), 2u);
   if constexpr (SOFT) {
     return T::pack_soft(a);
   } else {
@@ -743,12 +799,12 @@ __device__ __noinline__ void reduce_scalar(typename T::storage* dst, const u64* 
       for (u32 k = 0; k < kScalarUnroll; ++k) a[k] = Op::apply(a[k], T::decode(v[k]));
     }
 #pragma unroll
-    for (u32 k = 0; k < kScalarUnroll; ++k) dst[i + k * step] = T::encode(Op::finish(a[k], n));
+    for (u32 k = 0; k < kScalarUnroll; ++k) dst[i + k * step] = T::encode(finish<T, Op>(a[k], n));
   }
   for (; i < end; i += step) {
     A a = T::decode(((const S*)srcs[0])[i]);
     for (u32 r = 1; r < n; ++r) a = Op::apply(a, T::decode(((const S*)srcs[r])[i]));
-    dst[i] = T::encode(Op::finish(a, n));
+    dst[i] = T::encode(finish<T, Op>(a, n));
   }
 }
 
@@ -797,7 +853,7 @@ __device__ __forceinline__ void reduce_vectors_direct(V16* dst, const u64* srcs,
     }
   }
 #pragma unroll
-  for (u32 e = 0; e < E; ++e) a[e] = Op::finish(a[e], n);
+  for (u32 e = 0; e < E; ++e) a[e] = finish<T, Op>(a[e], n);
   st_global_v16(dst + i, T::pack(a));
 }
 

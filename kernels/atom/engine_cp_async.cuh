@@ -286,7 +286,7 @@ struct CpAsyncEngine {
       for (u32 v = 0; v < VECS; ++v) {
         if (!masked || v * nt + t < rem) {
 #pragma unroll
-          for (u32 e = 0; e < E; ++e) a[v][e] = Op::finish(a[v][e], n);
+          for (u32 e = 0; e < E; ++e) a[v][e] = finish<T, Op>(a[v][e], n);
           st_global_v16((V16*)(d + (u64)v * stride), T::pack(a[v]));
         }
       }

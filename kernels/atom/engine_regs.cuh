@@ -76,7 +76,7 @@ struct RegEngine {
         const u64 i = base + (u64)u * nt + t;
         if (i < nvec) {
 #pragma unroll
-          for (u32 e = 0; e < E; ++e) a[u][e] = Op::finish(a[u][e], n);
+          for (u32 e = 0; e < E; ++e) a[u][e] = finish<T, Op>(a[u][e], n);
           st_global_v16(dst + i, T::pack(a[u]));
         }
       }

@@ -14,9 +14,6 @@
 #ifndef PURLIN_OP
 #define PURLIN_OP Sum
 #endif
-#ifndef PURLIN_AVG
-#define PURLIN_AVG 0
-#endif
 #ifndef PURLIN_PACKET
 #define PURLIN_PACKET 8
 #endif
@@ -66,7 +63,6 @@ typedef purlin::atom::PURLIN_T Elem;
 typedef purlin::atom::PURLIN_OP ReduceOp;
 typedef typename Elem::storage Storage;
 typedef typename Elem::acc Acc;
-constexpr bool kAvg = PURLIN_AVG != 0;
 constexpr u64 kPacketBytes = PURLIN_PACKET;
 constexpr u64 kPayload = kPacketBytes / 2;  // payload bytes per packet
 static_assert(kPacketBytes == 8 || kPacketBytes == 16, "packets are 8 or 16 bytes");
@@ -242,16 +238,11 @@ __device__ __forceinline__ void note_wait(WaitResult r, u64 peer_plus_one, u64 s
 
 // ------------------------------------------------------------------ data steps
 
-__device__ __forceinline__ Acc scale_avg(Acc a, u64 world) {
-  if (kAvg) return a / (Acc)world;
-  return a;
-}
-
 // Two sources of a bf16 or fp8 Sum (`Pairwise`, which the Atom adds in bf16x2 / f16x2): at
 // world 2 a payload is combined without decoding its lanes to f32 and encoding each in
-// software (Avg scales in f32). One H200: e4m3 AllReduce 512 KiB 9.33 -> 7.03 us graph
+// software. One H200: e4m3 AllReduce 512 KiB 9.33 -> 7.03 us graph
 // (round 128), bf16 ReduceScatter 2 MiB 11.56 -> 11.18 (round 129).
-constexpr bool kPairwise = purlin::atom::Pairwise<Elem, ReduceOp>::value && !kAvg;
+constexpr bool kPairwise = purlin::atom::Pairwise<Elem, ReduceOp>::value;
 
 // Element-wise reduce of `len` bytes where some sources are packets in this rank's window.
 // Each thread stops at its first failed wait (bounded from `start`) and returns its result.
@@ -307,56 +298,12 @@ __device__ WaitResult reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32
     if (!combined) {
 #pragma unroll
       for (u32 l = 0; l < kLanes; ++l) {
-        out |= (u64)Elem::encode(scale_avg(acc[l], x.world)) << (8 * sizeof(Storage) * l);
+        out |= (u64)Elem::encode(purlin::atom::finish<Elem, ReduceOp>(acc[l], n)) << (8 * sizeof(Storage) * l);
       }
     }
     store_payload(dst + i * kPayload, out, bytes);
   }
   return purlin::sync::kWaitOk;
-}
-
-// Divides `count` elements at dst by world in place (Avg = sum, then scale), right after the
-// block's reduce wrote them (still in L2). 16-byte vectors, kScaleVectors in flight per
-// thread: the former loop of one element per thread took ~25 us per MiB of f16 (round 136:
-// staged f16 Avg AllReduce 64 MiB 1913 us against Sum's 262).
-constexpr u32 kScaleVectors = 4;
-
-__device__ __forceinline__ void scale_vector(V16& v, u64 world) {
-  Acc a[Elem::kLanes];
-  Elem::unpack(v, a);
-#pragma unroll
-  for (u32 l = 0; l < Elem::kLanes; ++l) a[l] = scale_avg(a[l], world);
-  v = Elem::pack(a);
-}
-
-__device__ void scale_in_place(u8* dst, u64 count, u64 world) {
-  Storage* d = (Storage*)dst;
-  const u32 t = purlin::atom::tid(), nt = purlin::atom::nthreads();
-  // Elements before the first 16-byte boundary, then whole vectors, then the rest.
-  u64 head = ((16u - ((u64)dst & 15u)) & 15u) / sizeof(Storage);
-  if (((u64)dst % sizeof(Storage)) != 0 || head > count) head = count;
-  const u64 nvec = (count - head) / Elem::kLanes;
-  for (u64 i = t; i < head; i += nt) d[i] = Elem::encode(scale_avg(Elem::decode(d[i]), world));
-  V16* vecs = (V16*)(d + head);
-  u64 i = t;
-  for (; i + (u64)(kScaleVectors - 1) * nt < nvec; i += (u64)kScaleVectors * nt) {
-    V16 v[kScaleVectors];
-#pragma unroll
-    for (u32 k = 0; k < kScaleVectors; ++k) v[k] = purlin::atom::ld_global_cg_v16(vecs + i + k * nt);
-#pragma unroll
-    for (u32 k = 0; k < kScaleVectors; ++k) {
-      scale_vector(v[k], world);
-      purlin::atom::st_global_v16(vecs + i + k * nt, v[k]);
-    }
-  }
-  for (; i < nvec; i += nt) {
-    V16 v = purlin::atom::ld_global_cg_v16(vecs + i);
-    scale_vector(v, world);
-    purlin::atom::st_global_v16(vecs + i, v);
-  }
-  for (u64 j = head + nvec * Elem::kLanes + t; j < count; j += nt) {
-    d[j] = Elem::encode(scale_avg(Elem::decode(d[j]), world));
-  }
 }
 
 // Copies `len` bytes of packets in this rank's window to dst; returns like reduce_packets.

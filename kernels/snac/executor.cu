@@ -6,9 +6,9 @@
 // every memory-ordering operation is a call into sync.cuh.
 //
 // Compile-time part (the kernel key, as -D options): PURLIN_T (an Atom element type),
-// PURLIN_OP (an Atom reduce operator), PURLIN_AVG (sum then divide by world),
-// PURLIN_PACKET (8 or 16 bytes per packet), PURLIN_PARAM_WORDS (the by-value parameter
-// block's capacity). Everything else is run time.
+// PURLIN_OP (an Atom reduce operator; the collectives' Avg is Mean), PURLIN_PACKET (8 or 16
+// bytes per packet), PURLIN_PARAM_WORDS (the by-value parameter block's capacity).
+// Everything else is run time.
 #include "exec.cuh"
 
 namespace purlin {
@@ -86,20 +86,8 @@ __device__ void run_step(const Ctx& x, const u64* r, u64 at, u64 c, bool fresh) 
       }
       __syncthreads();  // the table is visible to every thread
       const u64 elems = len / sizeof(Storage);
-      if constexpr (kAvg) {
-        // Avg scales by 1/world: fused into the reduce (the Atom's Mean divides by its source
-        // count) where every rank is a source; otherwise, and for fp8 (whose Mean reduce beside
-        // the Sum one spilled ~3 KiB per thread, NVRTC 13.0), summed, then scaled in a pass.
-        if (sizeof(Storage) > 1 && n == x.world) {
-          purlin::atom::reduce_table<Elem, purlin::atom::Mean>(dst, n, elems, x.smem);
-        } else {
-          purlin::atom::reduce_table<Elem, ReduceOp>(dst, n, elems, x.smem);
-          scale_in_place(dst, elems, x.world);
-          __syncthreads();
-        }
-      } else {
-        purlin::atom::reduce_table<Elem, ReduceOp>(dst, n, elems, x.smem);
-      }
+      // Avg is the Atom's Mean (PURLIN_OP): it divides by n, which Plan::check makes the world.
+      purlin::atom::reduce_table<Elem, ReduceOp>(dst, n, elems, x.smem);
       return;
     }
     case kPutPackets: {

@@ -314,3 +314,42 @@ fn bad_requests_get_typed_errors_and_change_nothing() {
     host::copy(&mut dst, &a).unwrap();
     assert_eq!(dst, a);
 }
+
+/// The device Mean's division for fp8 (`div_rn_small` in `kernels/atom/atom_common.cuh`),
+/// step for step: q = a * RN(1/n), then Markstein's correction with two FMAs; zero, Inf and
+/// NaN quotients as they come.
+fn div_rn_small(a: f32, n: u32) -> f32 {
+    let d = n as f32;
+    let r = 1.0 / d;
+    let q = a * r;
+    if q == 0.0 || !q.is_finite() {
+        return q;
+    }
+    (-q).mul_add(d, a).mul_add(r, q)
+}
+
+/// The recipe equals IEEE division for every source count 1..16 and every f32 significand:
+/// scaling `a` by a power of two scales both sides exactly while the quotient stays normal,
+/// so one binade of `a` covers every fp8 sum (zero, or at least 2^-16 in magnitude, at most
+/// 16 · 57344); signs, zeros, Inf, NaN and the fp8 extremes besides.
+#[test]
+fn mean_division_by_fma_matches_ieee() {
+    let mut checked = 0u64;
+    for n in 1..=16u32 {
+        for m in 0..1u32 << 23 {
+            let a = f32::from_bits(0x3f80_0000 | m);
+            let (got, want) = (div_rn_small(a, n), a / n as f32);
+            assert_eq!(got.to_bits(), want.to_bits(), "{a:e} / {n}");
+            checked += 1;
+        }
+        let specials = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 2f32.powi(-16), -2f32.powi(-16)];
+        let extremes = [448.0 * 16.0, 57344.0 * 16.0, -57344.0 * 15.0, 3.0 * 2f32.powi(-16), 2f32.powi(-9)];
+        for a in specials.into_iter().chain(extremes) {
+            let (got, want) = (div_rn_small(a, n), a / n as f32);
+            let same_sign = got.is_nan() || got.is_sign_negative() == want.is_sign_negative();
+            assert!(same_f32(got, want) && same_sign, "{a:e} / {n}: {got:e} against {want:e}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 16 * ((1 << 23) + 12));
+}

@@ -18,7 +18,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use purlin_atom::DType;
-use purlin_atom::host::{HostSrc, decode_bits, encode_bits, reduce_bytes_with};
+use purlin_atom::host::{HostSrc, reduce_bytes_with};
 use purlin_snac::{
     Advance, EpochVal, Len, Notify, NotifyKind, Offset, PacketFormat, Plan, ReduceOp, Region, Space, Step,
 };
@@ -697,24 +697,16 @@ impl BlockRun<'_> {
         // SAFETY: `d` has n bytes in bounds; separate sources never overlap it partially
         // (the plan contract), and an exactly-equal one is passed as HostSrc::Dst.
         let dst_bytes = unsafe { std::slice::from_raw_parts_mut(d, n as usize) };
-        // Avg rounds as the device executor does: once (the Atom's Mean) where every rank is a
-        // source and the reduce reads packets or its element is wider than a byte
-        // (`reduce_packets` and the fused staged reduce); else summed, then divided in a
-        // second pass (executor.cu's scale pass).
-        let packets = owned.iter().any(Option::is_some);
-        let avg_fused = sources.len() == spec.world as usize && (packets || dtype.size() > 1);
+        // Avg is the Atom's Mean, as on the device: summed and divided by the source count,
+        // which `Plan::check` makes the world, then rounded once.
         let atom_op = match op {
             ReduceOp::Sum => purlin_atom::ReduceOp::Sum,
-            ReduceOp::Avg if avg_fused => purlin_atom::ReduceOp::Mean,
-            ReduceOp::Avg => purlin_atom::ReduceOp::Sum,
+            ReduceOp::Avg => purlin_atom::ReduceOp::Mean,
             ReduceOp::Prod => purlin_atom::ReduceOp::Prod,
             ReduceOp::Min => purlin_atom::ReduceOp::Min,
             ReduceOp::Max => purlin_atom::ReduceOp::Max,
         };
         reduce_bytes_with(dtype, atom_op, dst_bytes, &sources).map_err(|e| bad(e.to_string()))?;
-        if op == ReduceOp::Avg && !avg_fused {
-            divide_in_place(dtype, dst_bytes, spec.world);
-        }
         Ok(())
     }
 }
@@ -732,24 +724,4 @@ pub fn atom_dtype(t: purlin_snac::DataType) -> Option<DType> {
         S::U32 => DType::U32,
         _ => return None,
     })
-}
-
-/// `Avg` = sum, then divide by the world size: in f32 for floats (as the device executor),
-/// truncating for integers.
-pub fn divide_in_place(dtype: DType, bytes: &mut [u8], world: u32) {
-    let size = dtype.size();
-    for e in bytes.chunks_exact_mut(size) {
-        let mut code = [0u8; 4];
-        code[..size].copy_from_slice(e);
-        let code = u32::from_le_bytes(code);
-        let out = match dtype {
-            DType::I32 => ((code as i32) / world as i32) as u32,
-            DType::U32 => code / world,
-            _ => {
-                let f = f32::from_bits(decode_bits(dtype, code)) / world as f32;
-                encode_bits(dtype, f.to_bits())
-            }
-        };
-        e.copy_from_slice(&out.to_le_bytes()[..size]);
-    }
 }

@@ -40,7 +40,7 @@ pub enum ExecOp {
     Min,
     /// Maximum.
     Max,
-    /// Sum, then divided by the world size.
+    /// The sum divided by the world size, rounded once (the Atom's `Mean`).
     Avg,
 }
 
@@ -50,7 +50,8 @@ impl ExecOp {
 
     fn atom_op(self) -> &'static str {
         match self {
-            ExecOp::Copy | ExecOp::Sum | ExecOp::Avg => "Sum",
+            ExecOp::Copy | ExecOp::Sum => "Sum",
+            ExecOp::Avg => "Mean",
             ExecOp::Prod => "Prod",
             ExecOp::Min => "Min",
             ExecOp::Max => "Max",
@@ -117,7 +118,6 @@ impl ExecKey {
         vec![
             format!("-DPURLIN_T={}", self.dtype.cuda_tag()),
             format!("-DPURLIN_OP={}", self.op.atom_op()),
-            format!("-DPURLIN_AVG={}", u32::from(self.op == ExecOp::Avg)),
             format!("-DPURLIN_PACKET={}", self.packet_bytes),
             format!("-DPURLIN_PARAM_WORDS={EXEC_PARAM_WORDS}"),
         ]

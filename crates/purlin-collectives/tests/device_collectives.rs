@@ -324,9 +324,9 @@ fn every_collective_matches_the_reference_on_gpus() {
         sweep::<u8>(&comms, sizes, &mut rng, &mut cases, &mut wrong);
         sweep::<F8E4M3>(&comms, &sizes[..2], &mut rng, &mut cases, &mut wrong);
         sweep::<F8E5M2>(&comms, &sizes[..2], &mut rng, &mut cases, &mut wrong);
-        // Avg's scale pass works on 16-byte vectors of each type (round 137): the 16- and
-        // 8-bit floats, which the sweeps above keep small, at a size whose shares have
-        // whole vectors and an odd tail (the V form adds heads off the vector boundary).
+        // Avg is the Atom's Mean in every reduce path (vectors, tails, fp8's FMA division):
+        // the 16- and 8-bit floats, which the sweeps above keep small, at a size whose shares
+        // have whole vectors and an odd tail (the V form adds heads off the vector boundary).
         if !matches!(regime, Some(Regime::Latency)) {
             for coll in [Coll::AllReduce, Coll::ReduceScatter, Coll::ReduceScatterV] {
                 wrong += run_case::<half::f16>(&comms, coll, ReduceOp::Avg, 300_001, &mut rng);

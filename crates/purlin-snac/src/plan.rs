@@ -8,7 +8,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::spec::{CollectiveSpec, SpecError};
-use crate::types::{PacketFormat, Regime, StagingSide};
+use crate::types::{PacketFormat, ReduceOp, Regime, StagingSide};
 
 /// A byte offset affine in the chunk index `c` and the sense `s` (0 or 1):
 /// `base + (chunk_modulus == 0 ? c : c % chunk_modulus) * chunk_stride + s * sense_stride`.
@@ -795,6 +795,15 @@ impl Plan {
             Step::Reduce { dst, srcs, len, expect, .. } => {
                 if srcs.is_empty() {
                     return Err("reduce without sources".into());
+                }
+                // Executors divide an Avg by its source count as they combine (the Atom's Mean,
+                // one rounding), so an Avg reduce has every rank's contribution as a source.
+                if self.spec.op == Some(ReduceOp::Avg) && srcs.len() != self.spec.world as usize {
+                    return Err(format!(
+                        "an Avg reduce combines every rank: {} sources in world {}",
+                        srcs.len(),
+                        self.spec.world
+                    ));
                 }
                 if win(dst) {
                     return Err("reduce cannot write a window".into());

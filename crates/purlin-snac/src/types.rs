@@ -36,7 +36,8 @@ pub enum ConsumeOp {
     Reduce,
 }
 
-/// The reduction applied by [`ConsumeOp::Reduce`]. `Avg` is a sum followed by a scale by `1/world`.
+/// The reduction applied by [`ConsumeOp::Reduce`]. `Avg` is the sum divided by `world`, rounded
+/// once; an Avg reduce has all `world` ranks as its sources ([`Plan::check`](crate::Plan::check)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ReduceOp {
     Sum,

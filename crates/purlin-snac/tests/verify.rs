@@ -664,3 +664,58 @@ fn chunk_counts_and_slot_counts_fit_32_bits() {
     let err = bad.check().expect_err("2^32 slots");
     assert!(err.to_string().contains("2^32"), "{err}");
 }
+
+/// Removes the last source of every reduce in `plan` (and its packet wait where no window
+/// source remains); whether any reduce had one to lose.
+fn drop_last_reduce_source(plan: &mut Plan) -> bool {
+    let mut changed = false;
+    let mut visit = |s: &mut Step| {
+        if let Step::Reduce { srcs, expect, .. } = s {
+            changed |= srcs.pop().is_some();
+            // A reduce waits for packets exactly when it still reads a window.
+            if !srcs.iter().any(|x| matches!(x.space, Space::Window(_))) {
+                *expect = None;
+            }
+        }
+    };
+    for block in &mut plan.blocks {
+        for step in &mut block.steps {
+            match step {
+                Step::ChunkLoop { body, .. } => body.iter_mut().for_each(&mut visit),
+                s => visit(s),
+            }
+        }
+    }
+    changed
+}
+
+/// Executors divide an Avg by its source count as they combine (one rounding), so every
+/// Avg reduce a derived plan holds has all `world` ranks as sources, and `Plan::check`
+/// refuses one with fewer; the same plan summing its sources stays a valid plan.
+#[test]
+fn an_avg_reduce_combines_every_rank() {
+    for world in [2, 3, 4] {
+        for regime in [Regime::Latency, Regime::Throughput] {
+            for allreduce in [AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot] {
+                let cfg = PlanConfig { allreduce, ..small(regime, StagingSide::Peer, 2) };
+                for collective in [Collective::AllReduce, Collective::ReduceScatter] {
+                    let with_op = |op| match collective {
+                        Collective::AllReduce => CollectiveSpec::all_reduce(world, DataType::F32, op, 96),
+                        _ => CollectiveSpec::reduce_scatter(world, DataType::F32, op, 96),
+                    };
+                    let what = format!("{collective:?} world {world} {regime:?} {allreduce:?}");
+                    let avg = plans(&with_op(ReduceOp::Avg), &cfg);
+                    assert!(avg.iter().all(|p| p.check().is_ok()), "{what}: derived Avg plans check");
+                    let mut bad = avg[0].clone();
+                    assert!(drop_last_reduce_source(&mut bad), "{what}: no reduce");
+                    let err = bad.check().expect_err(&what);
+                    assert!(err.to_string().contains("Avg reduce combines every rank"), "{what}: {err}");
+
+                    let mut sum = plans(&with_op(ReduceOp::Sum), &cfg)[0].clone();
+                    assert!(drop_last_reduce_source(&mut sum), "{what}: no reduce");
+                    assert!(sum.check().is_ok(), "{what}: a Sum of fewer sources is a valid plan");
+                }
+            }
+        }
+    }
+}
