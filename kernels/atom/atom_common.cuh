@@ -451,10 +451,16 @@ struct Mean {
   __device__ __forceinline__ static u32 finish(u32 a, u32 n) { return a / n; }
 };
 
-// RN(1/n) for n = 1..16 (kMaxWorld sources at most; index 0 unused).
-__constant__ float kReciprocalRn[17] = {0.0f,        1.0f,        1.0f / 2.0f,  1.0f / 3.0f,  1.0f / 4.0f,  1.0f / 5.0f,
-                                        1.0f / 6.0f, 1.0f / 7.0f, 1.0f / 8.0f,  1.0f / 9.0f,  1.0f / 10.0f, 1.0f / 11.0f,
-                                        1.0f / 12.0f, 1.0f / 13.0f, 1.0f / 14.0f, 1.0f / 15.0f, 1.0f / 16.0f};
+// RN(1/n) for n = 1..16 (kMaxWorld sources at most; index 0 unused). A variable template,
+// as div_rn_small is a template, so that only a unit whose kernels divide (an fp8 Mean)
+// holds it; the other modules keep no user constant bank. (Rounds 139-140, one H100: e4m3
+// Sum kernels of byte-identical code in modules that also held this table measured
+// 0.4-0.8 us slower in graphs at 1-4 MiB; that the bank is the cause is not yet measured.)
+template <class Unused>
+__constant__ float kReciprocalRn[17] = {0.0f,         1.0f,         1.0f / 2.0f,  1.0f / 3.0f,  1.0f / 4.0f,
+                                        1.0f / 5.0f,  1.0f / 6.0f,  1.0f / 7.0f,  1.0f / 8.0f,  1.0f / 9.0f,
+                                        1.0f / 10.0f, 1.0f / 11.0f, 1.0f / 12.0f, 1.0f / 13.0f, 1.0f / 14.0f,
+                                        1.0f / 15.0f, 1.0f / 16.0f};
 
 // a / n correctly rounded, for n in 1..16 and a zero, Inf, NaN or of magnitude at least
 // 2^-100 (a quotient far from f32's subnormals): q = a * RN(1/n), then Markstein's FMA
@@ -462,8 +468,9 @@ __constant__ float kReciprocalRn[17] = {0.0f,        1.0f,        1.0f / 2.0f,  
 // `mean_division_by_fma_matches_ieee` checks the recipe against IEEE division). Inline and
 // branch-free but for the specials, where div.rn's slow-path call inlined at every fp8
 // finish spilled the e4m3 Avg executor to 266/576 bytes stored/loaded (NVRTC 13.0).
+template <class Unused = void>
 __device__ __forceinline__ float div_rn_small(float a, u32 n) {
-  const float r = kReciprocalRn[n];
+  const float r = kReciprocalRn<Unused>[n];
   const float q = __fmul_rn(a, r);
   const float corrected = __fmaf_rn(__fmaf_rn(-q, (float)n, a), r, q);
   // |q| - 1 wraps for ±0 (whose sign is kept) and lies past the largest finite for Inf, NaN.
@@ -554,6 +561,11 @@ __device__ __forceinline__ u32 add_f16x2(u32 a, u32 b) {
   asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
+__device__ __forceinline__ u32 mul_f16x2(u32 a, u32 b) {
+  u32 r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
 // max(acc, |s|) per half, NaN (0x7fff) where either is NaN.
 __device__ __forceinline__ u32 max_abs_f16x2(u32 acc, u32 s) {
   u32 r;
@@ -598,9 +610,13 @@ struct Pairwise<BF16, Sum> {
 // fp8 (4 and 3 bits) through f16x2, where every fp8 value is exact and the sum of two is
 // exact up to d = 6 (e4m3's largest sum, 896, is far below f16's range). e4m3: only NaN
 // lanes go the f32 way (saturation to +-448 is the contract); e5m2: also sums of 61440
-// (the midpoint above 57344) and more, which the contract rounds to +-Inf.
-template <bool E5M2>
-struct Fp8PairSum {
+// (the midpoint above 57344) and more, which the contract rounds to +-Inf (a mean, to
+// values f16 cannot hold before its halving).
+// HALVE (Mean of two): the f16 sum times 0.5, exact (every fp8 sum is a multiple of 2^-16,
+// so its half is an f16 value), then one rounding into fp8; the f32 path also halves its
+// sum exactly, so the argument above holds on fp8's grid scaled by two.
+template <bool E5M2, bool HALVE>
+struct Fp8Pair {
   static constexpr bool value = true;
   // guard: the largest |sum| so far, per half, NaN if any sum is (one `max.NaN.f16x2` of
   // absolute values per pair of lanes; the limit is tested once, in ok).
@@ -610,8 +626,9 @@ struct Fp8PairSum {
     asm("mov.b32 {%0, %1}, %2;" : "=h"(yh[0]), "=h"(yh[1]) : "r"(y));
 #pragma unroll
     for (u32 k = 0; k < 2; ++k) {
-      const u32 s = add_f16x2(fp8x2_to_f16x2<E5M2>(xh[k]), fp8x2_to_f16x2<E5M2>(yh[k]));
+      u32 s = add_f16x2(fp8x2_to_f16x2<E5M2>(xh[k]), fp8x2_to_f16x2<E5M2>(yh[k]));
       guard = max_abs_f16x2(guard, s);
+      if (HALVE) s = mul_f16x2(s, 0x38003800u);  // 0.5 in both halves
       c[k] = (u16)f16x2_to_fp8x2<E5M2>(s);
     }
     asm("mov.b32 %0, {%1, %2};" : "=r"(out) : "h"(c[0]), "h"(c[1]));
@@ -619,9 +636,13 @@ struct Fp8PairSum {
   __device__ __forceinline__ static bool ok(u32 guard) { return halves_above(guard, E5M2 ? 0x7b7fu : 0x7c00u) == 0; }
 };
 template <>
-struct Pairwise<E4M3, Sum> : Fp8PairSum<false> {};
+struct Pairwise<E4M3, Sum> : Fp8Pair<false, false> {};
 template <>
-struct Pairwise<E5M2, Sum> : Fp8PairSum<true> {};
+struct Pairwise<E5M2, Sum> : Fp8Pair<true, false> {};
+template <>
+struct Pairwise<E4M3, Mean> : Fp8Pair<false, true> {};
+template <>
+struct Pairwise<E5M2, Mean> : Fp8Pair<true, true> {};
 #endif
 
 // x (op) y for one vector, both unpacked to the accumulator type, combined lane by lane in

@@ -115,11 +115,12 @@ template <>
 struct TwoSourcePipeline<F16, Sum> {
   static constexpr bool value = true;
 };
-// Mean (the executor's Avg) as the sum of its type: fp8 stays on the generic reduce (no
-// Pairwise path for a mean; unpacked, its pair added ~5000 instructions, round 132).
+// Mean (the executor's Avg): fp8 through its Pairwise halving; bf16 unpacked (below); the
+// others as their sum. (fp8 unpacked added ~5000 instructions, round 132.)
 template <class T>
 struct TwoSourcePipeline<T, Mean> {
-  static constexpr bool value = TwoSourcePipeline<T, Sum>::value && !Pairwise<T, Sum>::value;
+  static constexpr bool value =
+      Pairwise<T, Mean>::value || (TwoSourcePipeline<T, Sum>::value && !Pairwise<T, Sum>::value);
 };
 template <>
 struct TwoSourcePipeline<BF16, Mean> {

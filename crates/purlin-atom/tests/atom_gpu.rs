@@ -410,7 +410,7 @@ fn gpu_reduce_matches_the_host_atom_for_every_generation_dtype_op_size_and_place
     failures.finish("reduce");
 }
 
-/// Codes for a two-source sum of a 16- or 8-bit float type: every pair of fp8 codes; every
+/// Codes for a two-source sum or mean of a 16- or 8-bit float type: every pair of fp8 codes; every
 /// 16-bit code against `PARTNERS` others, half uniformly random, half with an exponent 0 to
 /// 16 steps from its own (random sign and mantissa), where the f32 sum is inexact or the
 /// result lands on a rounding midpoint.
@@ -442,13 +442,13 @@ fn two_source_codes(dtype: DType, rng: &mut Rng) -> (Vec<u32>, Vec<u32>) {
     (a, b)
 }
 
-/// Two-source sums (every reduce at world 2; on sm_90+ the Atom adds bf16 and fp8 in a
-/// 16-bit format, `Pairwise` in atom_common.cuh; f16 is the f32 path's check) against the
-/// host Atom, through the pipelined
-/// engine (one block) and the direct path (a block per few vectors), on every generation.
+/// Two-source sums and means (every reduce at world 2; on sm_90+ the Atom adds bf16 and fp8
+/// in a 16-bit format and halves fp8 there for a mean, `Pairwise` in atom_common.cuh; f16 is
+/// the f32 path's check) against the host Atom, through the pipelined engine (one block) and
+/// the direct path (a block per few vectors), on every generation.
 #[test]
 #[ignore = "needs a GPU (run in a GPU round)"]
-fn gpu_two_source_sums_match_the_host_atom_on_every_code() {
+fn gpu_two_source_sums_and_means_match_the_host_atom_on_every_code() {
     let g = gpus();
     let ctx = &g.ctxs[0];
     let stream = ctx.default_stream();
@@ -461,11 +461,12 @@ fn gpu_two_source_sums_match_the_host_atom_on_every_code() {
         let bytes =
             |codes: &[u32]| -> Vec<u8> { codes.iter().flat_map(|c| c.to_le_bytes()[..size].to_vec()).collect() };
         let (a_bytes, b_bytes) = (bytes(&a), bytes(&b));
-        let want = {
+        let want = |op| {
             let mut w = vec![0u8; count * size];
-            host::reduce_bytes(dtype, ReduceOp::Sum, &mut w, &[&a_bytes, &b_bytes]).expect("host reduce");
+            host::reduce_bytes(dtype, op, &mut w, &[&a_bytes, &b_bytes]).expect("host reduce");
             w
         };
+        let wants = [(ReduceOp::Sum, want(ReduceOp::Sum)), (ReduceOp::Mean, want(ReduceOp::Mean))];
         let (a_d, b_d) = (buffer(ctx, a_bytes.len()), buffer(ctx, b_bytes.len()));
         a_d.upload(0, &a_bytes).expect("upload");
         b_d.upload(0, &b_bytes).expect("upload");
@@ -475,7 +476,7 @@ fn gpu_two_source_sums_match_the_host_atom_on_every_code() {
         let direct_blocks = (count * size / 1024).max(1) as u32;
         for &generation in &g.generations {
             let atom = DeviceAtom::new(ctx, Some(generation), &g.cache).expect("atom");
-            for blocks in [1, direct_blocks] {
+            for ((op, want), blocks) in wants.iter().flat_map(|w| [(w, 1), (w, direct_blocks)]) {
                 dst.fill(POISON).expect("poison");
                 // SAFETY: both sources hold `count` elements; the destination has GUARD bytes
                 // of margin either side.
@@ -483,7 +484,7 @@ fn gpu_two_source_sums_match_the_host_atom_on_every_code() {
                     atom.reduce_raw(
                         &stream,
                         dtype,
-                        ReduceOp::Sum,
+                        *op,
                         dst.ptr() + GUARD as u64,
                         &[a_d.ptr(), b_d.ptr()],
                         count,
@@ -493,22 +494,22 @@ fn gpu_two_source_sums_match_the_host_atom_on_every_code() {
                 .expect("reduce");
                 stream.synchronize().expect("sync");
                 let got = dst.download(0, count * size + 2 * GUARD).expect("download");
-                let what = format!("{generation} {dtype} two-source sum of {count} blocks {blocks}");
+                let what = format!("{generation} {dtype} two-source {op} of {count} blocks {blocks}");
                 let guards = got[..GUARD].iter().chain(&got[GUARD + count * size..]).all(|&x| x == POISON);
                 failures.check(guards, || format!("{what}: wrote outside the destination"));
-                let bad = first_mismatch(dtype, &got[GUARD..GUARD + count * size], &want);
+                let bad = first_mismatch(dtype, &got[GUARD..GUARD + count * size], want);
                 failures.check(bad.is_none(), || {
                     let (i, gv, wv) = bad.unwrap_or_default();
-                    format!("{what}: {:#x} + {:#x} is {gv:#x}, host Atom says {wv:#x}", a[i], b[i])
+                    format!("{what}: {op}({:#x}, {:#x}) is {gv:#x}, host Atom says {wv:#x}", a[i], b[i])
                 });
             }
             println!(
-                "ATOM-GPU two-source sums {generation} {dtype}: {count} pairs ({} failures so far)",
+                "ATOM-GPU two-source sums and means {generation} {dtype}: {count} pairs ({} failures so far)",
                 failures.count
             );
         }
     }
-    failures.finish("two-source sums");
+    failures.finish("two-source sums and means");
 }
 
 #[test]
