@@ -610,8 +610,8 @@ struct Pairwise<BF16, Sum> {
 // fp8 (4 and 3 bits) through f16x2, where every fp8 value is exact and the sum of two is
 // exact up to d = 6 (e4m3's largest sum, 896, is far below f16's range). e4m3: only NaN
 // lanes go the f32 way (saturation to +-448 is the contract); e5m2: also sums of 61440
-// (the midpoint above 57344) and more, which the contract rounds to +-Inf (a mean, to
-// values f16 cannot hold before its halving).
+// (the midpoint above 57344) and more, which the contract rounds to +-Inf, and which a
+// mean would otherwise halve after f16 overflowed them.
 // HALVE (Mean of two): the f16 sum times 0.5, exact (every fp8 sum is a multiple of 2^-16,
 // so its half is an f16 value), then one rounding into fp8; the f32 path also halves its
 // sum exactly, so the argument above holds on fp8's grid scaled by two.

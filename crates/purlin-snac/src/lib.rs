@@ -61,8 +61,8 @@
 //! - `Reduce { dst, srcs, len, expect }`: `dst[i] = op(srcs[0][i], srcs[1][i], ...)`,
 //!   combining sources in list order (deterministic mode: rank order), with `Avg` dividing by
 //!   the source count, which must be `world`, before its one rounding; window sources are
-//!   polled for `expect` first, as above. `dst` may
-//!   equal a source exactly (in place, element-wise); partial overlap is not allowed.
+//!   polled for `expect` first, as above. `dst` may equal a source exactly (in place,
+//!   element-wise); partial overlap is not allowed.
 //! - `PutPackets { dst: Window(q), src, len, flag }`: write `len` payload bytes of `src` as
 //!   packets flagged `flag` (one store per packet) into `q`'s window; offsets and lengths count
 //!   payload bytes, the packet format fixes the physical footprint.
