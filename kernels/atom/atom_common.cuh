@@ -487,27 +487,14 @@ struct SameType<X, X> {
   static constexpr bool value = true;
 };
 
-// Whether Mean divides T's accumulator with div_rn_small: fp8, whose sums of at most 16
-// values are zero or at least 2^-16 in magnitude. Wider types keep IEEE division, which
-// compiles without spilling there.
-template <class T>
-struct DivideByFma {
-  static constexpr bool value = false;
-};
-template <>
-struct DivideByFma<E4M3> {
-  static constexpr bool value = true;
-};
-template <>
-struct DivideByFma<E5M2> {
-  static constexpr bool value = true;
-};
-
 // Op's finish of n sources for element type T (Op::finish, but fp8's Mean through
-// div_rn_small): every reduce calls this once per element before the encode.
+// div_rn_small): every reduce calls this once per element before the encode. fp8 (the
+// one-byte types) sums at most 16 values, zero or at least 2^-16 in magnitude, which
+// div_rn_small divides exactly; wider types keep IEEE division, which compiles without
+// spilling there.
 template <class T, class Op, class A>
 __device__ __forceinline__ A finish(A a, u32 n) {
-  if constexpr (SameType<Op, Mean>::value && DivideByFma<T>::value) {
+  if constexpr (SameType<Op, Mean>::value && sizeof(typename T::storage) == 1) {
     return div_rn_small(a, n);
   } else {
     return Op::finish(a, n);
