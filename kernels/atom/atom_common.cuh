@@ -451,26 +451,17 @@ struct Mean {
   __device__ __forceinline__ static u32 finish(u32 a, u32 n) { return a / n; }
 };
 
-// RN(1/n) for n = 1..16 (kMaxWorld sources at most; index 0 unused). A variable template,
-// as div_rn_small is a template, so that only a unit whose kernels divide (an fp8 Mean)
-// holds it; the other modules keep no user constant bank. (Rounds 139-140, one H100: e4m3
-// Sum kernels of byte-identical code in modules that also held this table measured
-// 0.4-0.8 us slower in graphs at 1-4 MiB; that the bank is the cause is not yet measured.)
-template <class Unused>
-__constant__ float kReciprocalRn[17] = {0.0f,         1.0f,         1.0f / 2.0f,  1.0f / 3.0f,  1.0f / 4.0f,
-                                        1.0f / 5.0f,  1.0f / 6.0f,  1.0f / 7.0f,  1.0f / 8.0f,  1.0f / 9.0f,
-                                        1.0f / 10.0f, 1.0f / 11.0f, 1.0f / 12.0f, 1.0f / 13.0f, 1.0f / 14.0f,
-                                        1.0f / 15.0f, 1.0f / 16.0f};
-
 // a / n correctly rounded, for n in 1..16 and a zero, Inf, NaN or of magnitude at least
 // 2^-100 (a quotient far from f32's subnormals): q = a * RN(1/n), then Markstein's FMA
 // correction, exact for every f32 significand and n (purlin-atom's host test
 // `mean_division_by_fma_matches_ieee` checks the recipe against IEEE division). Inline and
 // branch-free but for the specials, where div.rn's slow-path call inlined at every fp8
 // finish spilled the e4m3 Avg executor to 266/576 bytes stored/loaded (NVRTC 13.0).
-template <class Unused = void>
+// RN(1/n) is rcp.rn (IEEE, so correctly rounded), not a table: a module with a user
+// constant bank ran byte-identical kernels 0.4-1.7 us slower per graph-captured call
+// (rounds 139-141, one H100).
 __device__ __forceinline__ float div_rn_small(float a, u32 n) {
-  const float r = kReciprocalRn<Unused>[n];
+  const float r = __frcp_rn((float)n);
   const float q = __fmul_rn(a, r);
   const float corrected = __fmaf_rn(__fmaf_rn(-q, (float)n, a), r, q);
   // |q| - 1 wraps for ±0 (whose sign is kept) and lies past the largest finite for Inf, NaN.

@@ -1,5 +1,5 @@
-//! What a CUBIN holds, read from its ELF image without CUDA's tools: the size of each
-//! function's machine code.
+//! What a CUBIN holds, read from its ELF image without CUDA's tools: its sections, and the
+//! size of each function's machine code.
 //!
 //! The executor's time depends on its code size as well as on its spills: the interpreter
 //! stalls on instruction fetch after its far jumps (PERFORMANCE.md round 117), and taking
@@ -30,6 +30,15 @@ impl FunctionCode {
     }
 }
 
+/// One section of a CUBIN's ELF image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Section {
+    /// Its name (`.text.<symbol>`, `.nv.constant0.<symbol>`, `.nv.info`, ...).
+    pub name: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
 /// Why a CUBIN's ELF image could not be read.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CubinError {
@@ -45,16 +54,16 @@ const SECTION_PREFIX: &str = ".text.";
 const ELF_HEADER_BYTES: usize = 64;
 const SECTION_HEADER_BYTES: usize = 64;
 
-/// Each function's code size, in section order, from a CUBIN (`nvrtcGetCUBIN`'s output).
-pub fn function_code(cubin: &[u8]) -> Result<Vec<FunctionCode>, CubinError> {
+/// Every section of a CUBIN (`nvrtcGetCUBIN`'s output), in section-header order.
+pub fn sections(cubin: &[u8]) -> Result<Vec<Section>, CubinError> {
     if cubin.len() < ELF_HEADER_BYTES || cubin[..4] != *b"\x7fELF" || cubin[4] != 2 || cubin[5] != 1 {
         return Err(CubinError::NotElf64);
     }
     let section_table = to_usize(u64_at(cubin, 0x28)?)?;
     let entry_size = usize::from(u16_at(cubin, 0x3a)?);
-    let sections = usize::from(u16_at(cubin, 0x3c)?);
+    let count = usize::from(u16_at(cubin, 0x3c)?);
     let names_index = usize::from(u16_at(cubin, 0x3e)?);
-    if entry_size < SECTION_HEADER_BYTES || names_index >= sections {
+    if entry_size < SECTION_HEADER_BYTES || names_index >= count {
         return Err(CubinError::Malformed("section header table"));
     }
     let header = |i: usize| -> Result<usize, CubinError> {
@@ -74,18 +83,26 @@ pub fn function_code(cubin: &[u8]) -> Result<Vec<FunctionCode>, CubinError> {
         .checked_add(names_len)
         .and_then(|end| cubin.get(names_start..end))
         .ok_or(CubinError::Malformed("section name table past the end"))?;
-    let mut code = Vec::new();
-    for i in 0..sections {
-        let h = header(i)?;
-        let name_at = to_usize(u64::from(u32_at(cubin, h)?))?;
-        let name = name_table.get(name_at..).ok_or(CubinError::Malformed("section name offset"))?;
-        let name = &name[..name.iter().position(|&b| b == 0).ok_or(CubinError::Malformed("unterminated name"))?];
-        let Some(function) = std::str::from_utf8(name).ok().and_then(|n| n.strip_prefix(SECTION_PREFIX)) else {
-            continue;
-        };
-        code.push(FunctionCode { function: function.to_string(), bytes: u64_at(cubin, h + 32)? });
-    }
-    Ok(code)
+    (0..count)
+        .map(|i| {
+            let h = header(i)?;
+            let name_at = to_usize(u64::from(u32_at(cubin, h)?))?;
+            let name = name_table.get(name_at..).ok_or(CubinError::Malformed("section name offset"))?;
+            let name = &name[..name.iter().position(|&b| b == 0).ok_or(CubinError::Malformed("unterminated name"))?];
+            Ok(Section { name: String::from_utf8_lossy(name).into_owned(), bytes: u64_at(cubin, h + 32)? })
+        })
+        .collect()
+}
+
+/// Each function's code size, in section order, from a CUBIN (`nvrtcGetCUBIN`'s output).
+pub fn function_code(cubin: &[u8]) -> Result<Vec<FunctionCode>, CubinError> {
+    Ok(sections(cubin)?
+        .into_iter()
+        .filter_map(|s| {
+            let function = s.name.strip_prefix(SECTION_PREFIX)?.to_string();
+            Some(FunctionCode { function, bytes: s.bytes })
+        })
+        .collect())
 }
 
 fn to_usize(v: u64) -> Result<usize, CubinError> {
@@ -166,6 +183,8 @@ mod tests {
             ]
         );
         assert_eq!(code[0].instructions(), 10);
+        let names: Vec<_> = sections(&image).expect("readable").into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["", ".text.entry", ".nv.info", ".text._Z3fooi", ".text", ".shstrtab"]);
     }
 
     #[test]

@@ -316,8 +316,8 @@ fn bad_requests_get_typed_errors_and_change_nothing() {
 }
 
 /// The device Mean's division for fp8 (`div_rn_small` in `kernels/atom/atom_common.cuh`),
-/// step for step: q = a * RN(1/n), then Markstein's correction with two FMAs; zero, Inf and
-/// NaN quotients as they come.
+/// step for step: q = a * RN(1/n) (`rcp.rn` there, f32 division here: both IEEE), then
+/// Markstein's correction with two FMAs; zero, Inf and NaN quotients as they come.
 fn div_rn_small(a: f32, n: u32) -> f32 {
     let d = n as f32;
     let r = 1.0 / d;
