@@ -66,6 +66,13 @@ pub struct CommConfig {
     /// NVLink. Each rank's kernels then get its share of the co-resident blocks (they wait
     /// on each other, so all of them must fit on the GPU at once).
     pub shared_gpu: bool,
+    /// Verify each plan key's plan set with purlin-snac's verifier before its first launch,
+    /// with this budget, as `CpuComm` always does (`PURLIN_VERIFY=1`, budget from
+    /// `PURLIN_VERIFY_STATES` and `PURLIN_VERIFY_SCHEDULES`); a rejected plan never runs.
+    /// `None` (the default): plans run as derived, the tuning table being verified in CI,
+    /// because a key's first verification takes milliseconds at world 2 but seconds to
+    /// minutes at worlds 4 and 8 ([`crate::verification`]).
+    pub verify: Option<purlin_snac::verify::Options>,
 }
 
 /// A kernel the communicator compiles, loads and bounds at set-up (see [`CommConfig::kernels`]).
@@ -113,6 +120,7 @@ impl Default for CommConfig {
             device_timeout: DEFAULT_TIMEOUT,
             tuning: Tuning::default(),
             shared_gpu: false,
+            verify: None,
         }
     }
 }
@@ -129,11 +137,19 @@ impl CommConfig {
     }
 
     /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional),
-    /// `PURLIN_SHARED_GPU` (`1` or `0`) and the workspace and tuning variables
-    /// ([`WorkspaceConfig::from_env`], [`Tuning::from_env`]).
+    /// `PURLIN_SHARED_GPU` (`1` or `0`), `PURLIN_VERIFY` (`1` or `0`, with
+    /// `PURLIN_VERIFY_STATES` and `PURLIN_VERIFY_SCHEDULES`) and the workspace and tuning
+    /// variables ([`WorkspaceConfig::from_env`], [`Tuning::from_env`]).
     pub fn from_env() -> Result<Self, Error> {
         let mut c = Self { workspace: WorkspaceConfig::from_env()?, tuning: Tuning::from_env()?, ..Self::default() };
         c.shared_gpu = Self::shared_gpu_from_env()?;
+        c.verify = match std::env::var("PURLIN_VERIFY").as_deref().map(str::trim) {
+            Err(_) | Ok("" | "0") => None,
+            Ok("1") => Some(crate::verification::budget_from_env(crate::verification::default_budget())?),
+            Ok(other) => {
+                return Err(Error::Env { var: "PURLIN_VERIFY", problem: format!("{other:?} is not 0 or 1") });
+            }
+        };
         if let Ok(text) = std::env::var("PURLIN_TIMEOUT_S") {
             let secs: f64 = text
                 .trim()
@@ -328,6 +344,7 @@ pub struct Comm {
     /// The co-residency bound of the executor kernels, agreed across ranks.
     pub(crate) exec_bound: u32,
     tuning: Tuning,
+    verify: Option<purlin_snac::verify::Options>,
     device_timeout: Duration,
     plans: Mutex<HashMap<PlanKey, Arc<PreparedPlan>>>,
     pub(crate) poison: Mutex<Option<String>>,
@@ -581,6 +598,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         exec,
         exec_bound,
         tuning: config.tuning,
+        verify: config.verify,
         device_timeout: config.device_timeout,
         plans: Mutex::new(HashMap::new()),
         poison: Mutex::new(None),
@@ -1348,7 +1366,12 @@ impl Comm {
             peer_inputs,
         };
         let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
-        let plan = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
+        let (plan, cfg) = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
+        if let Some(budget) = &self.verify {
+            let budget =
+                purlin_snac::verify::Options { max_coresident_blocks: Some(limits.max_coresident_blocks), ..*budget };
+            crate::verification::verified(&key.0, &cfg, &budget)?.covers(&plan)?;
+        }
         self.layout.check_resources(&plan.resources)?;
         self.exec.check_supported(&plan)?;
         let call_bytes = plan.spec.input_bytes(plan.rank).max(plan.spec.output_bytes(plan.rank));

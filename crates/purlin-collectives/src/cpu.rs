@@ -13,7 +13,7 @@
 //! 2. Plans the call with [`crate::tuning`] (latency regime for small payloads, throughput
 //!    otherwise; staging side, chunk and block counts from [`CpuConfig::tuning`]).
 //! 3. Verifies the plan set with purlin-snac's verifier, once per plan key per process
-//!    (see [`verified`]); a plan the verifier rejects never runs.
+//!    (see [`crate::verification`]); a plan the verifier rejects never runs.
 //! 4. Runs this rank's plan on the host executor ([`crate::host_exec`]).
 //!
 //! Scheduling: **one OS thread per (rank, block)** of the plan, spawned per call and joined
@@ -27,21 +27,20 @@
 //! [`CpuConfig::timeout`] ([`Error::Timeout`]) and the world is poisoned (every later call
 //! returns [`Error::Poisoned`]) — as with NCCL, every rank must make the same calls.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use purlin_atom::{F8E4M3, F8E5M2};
-use purlin_snac::verify::{self, Options};
-use purlin_snac::{
-    CollectiveSpec, ConsumeOp, DataType, DeriveError, PacketFormat, Plan, PlanConfig, PlanError, ReductionMode, Regime,
-    StagingSide, derive,
-};
+use purlin_snac::verify::Options;
+use purlin_snac::{CollectiveSpec, ConsumeOp, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
 
 use crate::comm::ReduceOp;
 use crate::error::Error;
 use crate::host_exec::{CallBuffers, HostMemoryConfig, HostWorld, atom_dtype};
-use crate::tuning::{PlanLimits, Tuning, plan_config, plan_for};
+use crate::tuning::{PlanLimits, Tuning, plan_and_config};
+use crate::verification::internal;
+pub use crate::verification::{Verdict, canonical_spec, verified};
+use crate::verification::{budget_from_env, default_budget};
 
 mod sealed {
     pub trait Sealed {}
@@ -85,9 +84,7 @@ pub struct CpuConfig {
     /// Packet format of the latency regime.
     pub packet: PacketFormat,
     /// The verifier's budget for each plan key: exhaustive up to `max_states`, else
-    /// `schedules` randomized schedules. The default (2 000 states, 32 schedules) keeps a new
-    /// plan key's first call well under a second in release: exploring states is what costs,
-    /// a sampled schedule is cheap.
+    /// `schedules` randomized schedules ([`crate::verification::default_budget`]).
     pub verify: Options,
 }
 
@@ -136,13 +133,7 @@ impl CpuConfig {
         if set("PURLIN_MAX_BLOCKS") {
             c.tuning.max_blocks = env.max_blocks;
         }
-        for (var, field) in
-            [("PURLIN_VERIFY_STATES", &mut c.verify.max_states), ("PURLIN_VERIFY_SCHEDULES", &mut c.verify.schedules)]
-        {
-            if let Ok(t) = std::env::var(var) {
-                *field = t.trim().parse().map_err(|e| Error::Env { var, problem: format!("{t:?}: {e}") })?;
-            }
-        }
+        c.verify = budget_from_env(c.verify)?;
         if let Ok(t) = std::env::var("PURLIN_TIMEOUT_S") {
             let secs: f64 =
                 t.trim().parse().map_err(|e| Error::Env { var: "PURLIN_TIMEOUT_S", problem: format!("{t:?}: {e}") })?;
@@ -176,7 +167,7 @@ impl Default for CpuConfig {
             tuning: Self::host_tuning(),
             mode: ReductionMode::Deterministic,
             packet: PacketFormat::B8,
-            verify: Options { max_states: 2_000, schedules: 32, ..Options::default() },
+            verify: default_budget(),
         }
     }
 }
@@ -470,17 +461,11 @@ impl CpuComm {
         self.async_error()?;
 
         let (tuning, limits) = (&sh.config.tuning, sh.config.limits());
-        let plan = plan_for(&spec, rank, in_place, tuning, &limits)?;
-        // The configuration the plan was derived with (plan_for may fall back to throughput).
-        let cfg = PlanConfig { regime: plan.regime, ..plan_config(&spec, in_place, tuning, &limits) };
+        // Verified with the configuration the plan was derived with (after any fall-back to
+        // the throughput regime or to smaller chunks).
+        let (plan, cfg) = plan_and_config(&spec, rank, in_place, tuning, &limits)?;
         let verdict = verified(&spec, &cfg, &sh.config.verify)?;
-        if verdict.twin_is_spec {
-            let mut p = plan.clone();
-            p.spec = canonical_spec(&p.spec);
-            if verdict.plans.get(rank as usize) != Some(&p) {
-                return Err(internal(rank, "the plan to run differs from the verified one".into()));
-            }
-        }
+        verdict.covers(&plan)?;
 
         let buffers = match bufs {
             Bufs::Separate(s, r) => CallBuffers::new(s.as_ptr(), s.len(), r.as_mut_ptr(), r.len()),
@@ -515,71 +500,4 @@ impl CpuComm {
         });
         Ok(())
     }
-}
-
-fn internal(rank: u32, what: String) -> Error {
-    Error::Plan(DeriveError::Internal(PlanError::Other { rank, what }))
-}
-
-/// A verified plan key.
-#[derive(Debug)]
-pub struct Verdict {
-    /// The verifier's coverage (`exhaustive, N states` or `sampled N schedules, seed S`).
-    pub coverage: String,
-    /// Whether the verified spec is the call's own (small calls), not its chunk-capped twin.
-    pub twin_is_spec: bool,
-    /// The verified plan set (of the twin), specs canonicalized by [`canonical_spec`].
-    pub plans: Vec<Plan>,
-}
-
-type Key = (CollectiveSpec, PlanConfig, (u64, u64, u64, Option<u32>, u8));
-type Cell = Arc<OnceLock<Result<Arc<Verdict>, String>>>;
-
-fn cache() -> &'static Mutex<HashMap<Key, Cell>> {
-    static CACHE: OnceLock<Mutex<HashMap<Key, Cell>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// The canonical spec of a verification key: plans whose specs differ only in the element
-/// type's *name* (same size) or in the reduce operator have the same steps, regions, flags
-/// and advance — the verifier models bytes and combination order, not arithmetic — so one
-/// verdict covers them (a test checks that derivation agrees).
-pub fn canonical_spec(spec: &CollectiveSpec) -> CollectiveSpec {
-    let mut s = spec.clone();
-    s.dtype = match spec.dtype.size() {
-        1 => DataType::U8,
-        2 => DataType::F16,
-        4 => DataType::F32,
-        _ => DataType::F64,
-    };
-    s.op = spec.op.map(|_| purlin_snac::ReduceOp::Sum);
-    s
-}
-
-/// Verifies the plan set of `(spec, cfg)` with the verifier's `opts`, once per process per
-/// key: the chunk-capped twin of the spec ([`verify::twin_spec`], which covers chunk-uniform
-/// plans of any length), canonicalized by [`canonical_spec`], and the plan configuration.
-/// Concurrent callers of one key wait for the first one's verdict. A rejection is an
-/// [`Error::Plan`] naming the violated property; such a plan never runs.
-pub fn verified(spec: &CollectiveSpec, cfg: &PlanConfig, opts: &Options) -> Result<Arc<Verdict>, Error> {
-    let twin = verify::twin_spec(spec, cfg.chunk_bytes, cfg.slots as u64);
-    let twin_is_spec = twin == *spec;
-    let mode = opts.mode as u8;
-    let key: Key =
-        (canonical_spec(&twin), *cfg, (opts.max_states, opts.schedules, opts.seed, opts.max_coresident_blocks, mode));
-    let cell = cache().lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone();
-    let result = cell.get_or_init(|| {
-        let mut plans = derive(&twin, cfg).map_err(|e| format!("deriving the verification twin: {e}"))?;
-        let report = verify::verify_call(&plans, opts);
-        match report.result {
-            Ok(()) => {
-                for p in &mut plans {
-                    p.spec = canonical_spec(&p.spec);
-                }
-                Ok(Arc::new(Verdict { coverage: report.coverage.to_string(), twin_is_spec, plans }))
-            }
-            Err(v) => Err(format!("the verifier rejected the plans ({}): {v}", report.coverage)),
-        }
-    });
-    result.clone().map_err(|e| internal(0, e))
 }

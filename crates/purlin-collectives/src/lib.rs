@@ -22,6 +22,7 @@ pub mod nccl;
 pub mod smoke;
 pub mod symmetric;
 pub mod tuning;
+pub mod verification;
 pub mod workspace;
 
 pub use comm::{Comm, CommConfig, ReduceOp};

@@ -386,6 +386,18 @@ pub fn plan_for(
     tuning: &Tuning,
     limits: &PlanLimits,
 ) -> Result<Plan, Error> {
+    plan_and_config(spec, rank, in_place, tuning, limits).map(|(plan, _)| plan)
+}
+
+/// [`plan_for`] and the configuration the plan was derived with, after any fall-back (to the
+/// throughput regime, to smaller chunks): what the plan set is verified with.
+pub fn plan_and_config(
+    spec: &CollectiveSpec,
+    rank: u32,
+    in_place: bool,
+    tuning: &Tuning,
+    limits: &PlanLimits,
+) -> Result<(Plan, PlanConfig), Error> {
     let mut cfg = plan_config(spec, in_place, tuning, limits);
     loop {
         match derive_rank(spec, &cfg, rank) {
@@ -398,13 +410,13 @@ pub fn plan_for(
                 let granule = cfg.chunk_granule();
                 cfg.chunk_bytes = (cfg.chunk_bytes / 2).div_ceil(granule) * granule;
             }
-            r => return r.map_err(Error::from),
+            r => return r.map(|plan| (plan, cfg)).map_err(Error::from),
         }
     }
 }
 
-/// [`plan_for`] with fewer blocks per role while `fits` rejects the plan (e.g. a parameter
-/// block larger than the executor's), halving down to one block.
+/// [`plan_and_config`] with fewer blocks per role while `fits` rejects the plan (e.g. a
+/// parameter block larger than the executor's), halving down to one block.
 pub fn plan_fitting(
     spec: &CollectiveSpec,
     rank: u32,
@@ -412,16 +424,16 @@ pub fn plan_fitting(
     tuning: &Tuning,
     limits: &PlanLimits,
     fits: impl Fn(&Plan) -> bool,
-) -> Result<Plan, Error> {
+) -> Result<(Plan, PlanConfig), Error> {
     let mut t = *tuning;
     loop {
-        let plan = plan_for(spec, rank, in_place, &t, limits)?;
+        let (plan, cfg) = plan_and_config(spec, rank, in_place, &t, limits)?;
         let smallest = t.blocks_per_role <= 1
             && t.consumer_blocks_per_role.is_none_or(|n| n <= 1)
             && t.latency_max_blocks.is_some_and(|n| n <= 1)
             && t.one_copy_blocks <= 1;
         if fits(&plan) || smallest {
-            return Ok(plan);
+            return Ok((plan, cfg));
         }
         let half = |n: u32| (n / 2).max(1);
         t.blocks_per_role = half(t.blocks_per_role);
@@ -477,7 +489,7 @@ mod tests {
                     CollectiveSpec::all_to_all(world, DataType::U8, n),
                 ] {
                     for rank in [0, world - 1] {
-                        let plan = plan_fitting(&spec, rank, false, &Tuning::default(), &limits(), words)
+                        let (plan, _) = plan_fitting(&spec, rank, false, &Tuning::default(), &limits(), words)
                             .unwrap_or_else(|e| panic!("{spec:?} rank {rank}: {e}"));
                         assert!(words(&plan), "{spec:?}: {} words", purlin_snac::params::encode(&plan).len());
                         assert!(plan.grid() <= 264);
@@ -563,7 +575,7 @@ mod tests {
                         }
                         let t = Tuning { max_blocks: Some(cap), ..Tuning::default() };
                         let plans: Vec<Plan> = (0..world)
-                            .map(|rank| plan_fitting(&spec, rank, in_place, &t, &limits(), words))
+                            .map(|rank| plan_fitting(&spec, rank, in_place, &t, &limits(), words).map(|(p, _)| p))
                             .collect::<Result<_, _>>()
                             .unwrap_or_else(|e| panic!("{spec:?} cap {cap}: {e}"));
                         for p in &plans {

@@ -446,3 +446,41 @@ fn avg_rounds_once_in_both_regimes() {
         }
     }
 }
+
+/// A chunk too large for the staging of many peers is halved until the call fits, and the
+/// plan set is verified with the halved chunk it runs with (it once verified the configured
+/// chunk and failed as a derivation bug): world 8, 1 MiB chunks, 4 MiB of staging.
+#[test]
+fn a_chunk_halved_to_fit_the_staging_is_what_gets_verified() {
+    const WORLD: usize = 8;
+    const N: usize = 96 << 10;
+    let mut config = CpuConfig::default();
+    config.tuning.chunk_bytes = 1 << 20;
+    config.tuning.regime = Some(purlin_snac::Regime::Throughput);
+    assert!(config.memory.staging_bytes < (WORLD - 1) * config.tuning.chunk_bytes as usize, "the chunk must not fit");
+    let comms = CpuComm::threads_with_config(WORLD, config).expect("comms");
+    let outs: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let x: Vec<u32> = (0..N as u32).map(|i| i.wrapping_mul(2_654_435_761) ^ c.rank() as u32).collect();
+                    let mut y = vec![u32::MAX; N * WORLD];
+                    c.all_gather(&x, &mut y).expect("all_gather");
+                    let info = c.last_call().expect("a call ran");
+                    assert_eq!(info.regime, purlin_snac::Regime::Throughput);
+                    y
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    for (r, out) in outs.iter().enumerate() {
+        for p in 0..WORLD {
+            for i in 0..N {
+                let want = (i as u32).wrapping_mul(2_654_435_761) ^ p as u32;
+                assert_eq!(out[p * N + i], want, "rank {r} part {p} element {i}");
+            }
+        }
+    }
+}
