@@ -1,9 +1,10 @@
 //! Run-time verification: a call's plans are checked by purlin-snac's verifier before they
 //! run, once per plan key per process. `CpuComm` always verifies; `Comm` (GPUs) does where
 //! [`crate::CommConfig::verify`] asks for it (`PURLIN_VERIFY=1`), because a key's first
-//! verification grows with the world and the grid: at most 18 ms for any size at world 2
-//! with the GPU table, but seconds at world 4 and minutes at world 8 (1 MiB AllReduce, 64
-//! blocks: 158 s), where CI's property tests and scenario sets cover the table instead.
+//! verification grows with the world and the grid: with the GPU table, at most 18 ms at
+//! world 2 (every collective, 8 B to 1 GiB), but seconds at world 4 and minutes at world 8
+//! (1 MiB AllReduce, 64 blocks: 158 s; release build, 2026-12-06), where CI's property tests
+//! and scenario sets cover the table instead.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -127,20 +128,22 @@ mod tests {
     use crate::tuning::{PlanLimits, Tuning, plan_fitting};
     use purlin_snac::{PacketFormat, ReduceOp};
 
-    /// What `Comm` verifies under `PURLIN_VERIFY=1`: world 2 with the GPU table and an H100's
-    /// limits (the workspace's defaults), every collective from packets to 16 MiB chunks,
+    /// What `Comm` verifies under `PURLIN_VERIFY=1`: world 2 with the GPU table, the
+    /// workspace's default sizes and 264 co-resident blocks, every collective from packets to
+    /// 16 MiB chunks,
     /// staged and one-copy; every plan set passes and each rank's plan is the verified one.
     #[test]
     fn the_gpu_table_at_world_2_verifies() {
         let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
         let mut checked = 0;
         for (peer_outputs, peer_inputs) in [(false, false), (true, false), (true, true)] {
+            let workspace = crate::workspace::WorkspaceConfig::default();
             let limits = PlanLimits {
-                staging_bytes: 64 << 20,
-                window_bytes: 8 << 20,
+                staging_bytes: workspace.staging_bytes as u64,
+                window_bytes: workspace.window_bytes as u64,
                 max_coresident_blocks: 264,
                 packet: PacketFormat::B16,
-                flag_words: 1 << 16,
+                flag_words: workspace.flag_words as u32,
                 peer_outputs,
                 peer_inputs,
             };
