@@ -125,15 +125,20 @@ impl Default for CommConfig {
     }
 }
 
+/// An on/off variable: `1` is on; unset, empty or `0` is off; anything else an error.
+fn switch_from_env(var: &'static str) -> Result<bool, Error> {
+    match std::env::var(var).as_deref().map(str::trim) {
+        Err(_) | Ok("" | "0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(other) => Err(Error::Env { var, problem: format!("{other:?} is not 0 or 1") }),
+    }
+}
+
 impl CommConfig {
     /// `PURLIN_SHARED_GPU`: `1` lets ranks share a GPU ([`CommConfig::shared_gpu`]); unset,
     /// empty or `0` does not.
     pub fn shared_gpu_from_env() -> Result<bool, Error> {
-        match std::env::var("PURLIN_SHARED_GPU").as_deref().map(str::trim) {
-            Err(_) | Ok("" | "0") => Ok(false),
-            Ok("1") => Ok(true),
-            Ok(other) => Err(Error::Env { var: "PURLIN_SHARED_GPU", problem: format!("{other:?} is not 0 or 1") }),
-        }
+        switch_from_env("PURLIN_SHARED_GPU")
     }
 
     /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional),
@@ -143,13 +148,9 @@ impl CommConfig {
     pub fn from_env() -> Result<Self, Error> {
         let mut c = Self { workspace: WorkspaceConfig::from_env()?, tuning: Tuning::from_env()?, ..Self::default() };
         c.shared_gpu = Self::shared_gpu_from_env()?;
-        c.verify = match std::env::var("PURLIN_VERIFY").as_deref().map(str::trim) {
-            Err(_) | Ok("" | "0") => None,
-            Ok("1") => Some(crate::verification::budget_from_env(crate::verification::default_budget())?),
-            Ok(other) => {
-                return Err(Error::Env { var: "PURLIN_VERIFY", problem: format!("{other:?} is not 0 or 1") });
-            }
-        };
+        if switch_from_env("PURLIN_VERIFY")? {
+            c.verify = Some(crate::verification::budget_from_env(crate::verification::default_budget())?);
+        }
         if let Ok(text) = std::env::var("PURLIN_TIMEOUT_S") {
             let secs: f64 = text
                 .trim()

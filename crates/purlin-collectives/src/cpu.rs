@@ -38,9 +38,8 @@ use crate::comm::ReduceOp;
 use crate::error::Error;
 use crate::host_exec::{CallBuffers, HostMemoryConfig, HostWorld, atom_dtype};
 use crate::tuning::{PlanLimits, Tuning, plan_and_config};
-use crate::verification::internal;
 pub use crate::verification::{Verdict, canonical_spec, verified};
-use crate::verification::{budget_from_env, default_budget};
+use crate::verification::{budget_from_env, default_budget, internal};
 
 mod sealed {
     pub trait Sealed {}
