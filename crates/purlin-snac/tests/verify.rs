@@ -719,3 +719,31 @@ fn an_avg_reduce_combines_every_rank() {
         }
     }
 }
+
+/// The state budget stops branching, not a path already explored: a run whose
+/// synchronization steps all commute is one path however many states it passes, and stays
+/// exhaustive past the budget (the GPU table's wide grids at world 8 are such runs), while a
+/// run that must branch falls back to sampling once the budget is spent.
+#[test]
+fn the_budget_stops_branching_not_a_finished_path() {
+    let auto = Options { max_states: 1, schedules: 4, ..Options::default() };
+    let one = plans(
+        &CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, 256),
+        &small(Regime::Throughput, StagingSide::Own, 2),
+    );
+    let r = verify(&[one], &auto);
+    assert!(r.ok(), "{r:?}");
+    assert!(matches!(r.coverage, Coverage::Exhaustive { states } if states > 1), "{}", r.coverage);
+
+    let p = plans(
+        &CollectiveSpec::all_reduce(3, DataType::F32, ReduceOp::Sum, 256),
+        &small(Regime::Throughput, StagingSide::Peer, 2),
+    );
+    let r = verify(&[p.clone(), p.clone(), p.clone()], &auto);
+    assert!(r.ok(), "{r:?}");
+    assert!(matches!(r.coverage, Coverage::Exhaustive { states } if states > 1), "{}", r.coverage);
+    // Without the reduction these calls branch.
+    let r = verify(&[p.clone(), p.clone(), p], &Options { reduction: Reduction::Off, ..auto });
+    assert!(r.ok(), "{r:?}");
+    assert!(matches!(r.coverage, Coverage::Sampled { .. }), "{}", r.coverage);
+}

@@ -120,7 +120,10 @@ impl IMap {
     }
 
     fn split_at(&mut self, x: u64) {
-        let Some(i) = self.segs.iter().position(|s| s.start < x && x < s.end) else { return };
+        let i = self.segs.partition_point(|s| s.end <= x);
+        if self.segs.get(i).is_none_or(|s| s.start >= x) {
+            return;
+        }
         let s = &self.segs[i];
         let mut right = s.clone();
         right.term = s.term.shift(x - s.start);
@@ -138,11 +141,18 @@ impl IMap {
         lo..hi
     }
 
+    /// The segments that overlap `[a, b)`, found by binary search (the segments are sorted
+    /// and disjoint): windows of wide grids hold thousands.
+    pub fn overlapping(&self, a: u64, b: u64) -> &[Seg] {
+        let lo = self.segs.partition_point(|s| s.end <= a);
+        let hi = self.segs.partition_point(|s| s.start < b).max(lo);
+        &self.segs[lo..hi]
+    }
+
     /// Pieces `(relative start, relative end, term at relative start)` of `[a, b)`.
     pub fn read_terms(&self, a: u64, b: u64) -> Vec<(u64, u64, Term)> {
-        self.segs
+        self.overlapping(a, b)
             .iter()
-            .filter(|s| s.end > a && s.start < b)
             .map(|s| {
                 let (x, y) = (s.start.max(a), s.end.min(b));
                 (x - a, y - a, s.term.shift(x - s.start))
@@ -210,5 +220,29 @@ impl IMap {
             out.push(s);
         }
         self.segs = out;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `overlapping` (binary search) returns exactly the segments a linear filter does, for
+    /// every range over a map split by many writes, empty ranges included.
+    #[test]
+    fn overlapping_is_the_linear_filter() {
+        let mut m = IMap::new(64);
+        for (i, (a, b)) in [(3, 9), (9, 10), (20, 41), (0, 1), (33, 34), (50, 64), (5, 6)].into_iter().enumerate() {
+            m.write(a, b, vec![(0, b - a, Term::Uninit)], (1, (i as u32, 1), None, Some(i as u64)), None);
+        }
+        assert!(m.segs.len() > 8);
+        for a in 0..=64 {
+            for b in a..=64 {
+                let want: Vec<(u64, u64)> =
+                    m.segs.iter().filter(|s| s.end > a && s.start < b).map(|s| (s.start, s.end)).collect();
+                let got: Vec<(u64, u64)> = m.overlapping(a, b).iter().map(|s| (s.start, s.end)).collect();
+                assert_eq!(got, want, "[{a}, {b})");
+            }
+        }
     }
 }

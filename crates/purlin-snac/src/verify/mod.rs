@@ -516,6 +516,59 @@ struct St {
     /// Per call: the epoch every rank must end at.
     adv: Vec<Option<u64>>,
     exits: Vec<Option<Vc>>,
+    /// Which blocked processes cannot have become enabled (not part of the state).
+    wake: Wake,
+}
+
+/// A cache for [`Model::closure`]: a process found blocked stays blocked until the
+/// synchronization state of a rank it waits on changes, so the closure re-evaluates only
+/// processes whose rank's version moved since. It is derived from the state it travels with
+/// and never changes what the closure does, so it is left out of equality and fingerprints.
+#[derive(Debug, Clone, Default)]
+struct Wake {
+    /// Per rank: bumped whenever its flags, memory or handshake cells change.
+    version: Vec<u64>,
+    /// Per process: what it was blocked on when last evaluated, if it was.
+    blocked: Vec<Option<Blocked>>,
+}
+
+/// What a blocked process waits on, and that version when it was found blocked.
+#[derive(Debug, Clone, Copy)]
+enum Blocked {
+    /// A rank's synchronization state, at the version it had.
+    Rank(u32, u64),
+    /// Not launched yet, or finished: only a launch changes that.
+    Idle,
+}
+
+impl Wake {
+    fn new(ranks: usize, processes: usize) -> Self {
+        Wake { version: vec![0; ranks], blocked: vec![None; processes] }
+    }
+
+    fn touch(&mut self, rank: usize) {
+        self.version[rank] += 1;
+    }
+
+    fn still_blocked(&self, pid: usize) -> bool {
+        match self.blocked[pid] {
+            Some(Blocked::Rank(r, v)) => self.version[r as usize] == v,
+            Some(Blocked::Idle) => true,
+            None => false,
+        }
+    }
+}
+
+impl PartialEq for Wake {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Wake {}
+
+impl Hash for Wake {
+    fn hash<H: Hasher>(&self, _: &mut H) {}
 }
 
 impl St {
@@ -659,8 +712,40 @@ struct Avail {
     /// `(rank, counter)`: arrivals that may happen, the smallest round size, and the
     /// notifications waiting for a completed round.
     ctrs: std::collections::HashMap<(usize, u32), Round>,
-    puts: Vec<(usize, u64, u64)>,
+    /// Per rank: the window bytes some put may write, as a union of intervals (a linear
+    /// list of puts made this check quadratic in wide grids).
+    puts: std::collections::HashMap<usize, Spans>,
     hs: HashSet<(u32, u64)>,
+}
+
+/// A union of half-open intervals, kept as disjoint ones by start. A range overlaps the
+/// union exactly when it overlaps one of the intervals inserted.
+#[derive(Default)]
+struct Spans(BTreeMap<u64, u64>);
+
+impl Spans {
+    fn insert(&mut self, mut a: u64, mut b: u64) {
+        if a >= b {
+            return;
+        }
+        // Absorb every interval that overlaps or touches [a, b).
+        while let Some((&x, &y)) = self.0.range(..=b).next_back() {
+            if y < a {
+                break;
+            }
+            self.0.remove(&x);
+            a = a.min(x);
+            b = b.max(y);
+        }
+        self.0.insert(a, b);
+    }
+
+    /// Whether the non-empty range `[a, b)` overlaps the union (an empty one never does).
+    fn overlaps(&self, a: u64, b: u64) -> bool {
+        // The interval starting last before `b` has the largest end of those starting before
+        // `b` (they are disjoint), so it alone decides.
+        a < b && self.0.range(..b).next_back().is_some_and(|(_, &y)| y > a)
+    }
 }
 
 impl Avail {
@@ -1009,7 +1094,7 @@ impl<'a> Model<'a> {
                 let v = eval(val, e, *c);
                 locs.iter().all(|&l| {
                     Self::packets_ready(st, l, v)
-                        || av.puts.iter().any(|&(q2, a, b)| q2 == l.0 && l.1 == 3 && a < l.3 && l.2 < b)
+                        || (l.1 == 3 && av.puts.get(&l.0).is_some_and(|s| s.overlaps(l.2, l.3)))
                 })
             }
             Some(Blk::Hs { key, val }) => {
@@ -1043,7 +1128,7 @@ impl<'a> Model<'a> {
                     }
                 }
             }
-            Sto::Put { rank, a, b } => av.puts.push((*rank, *a, *b)),
+            Sto::Put { rank, a, b } => av.puts.entry(*rank).or_default().insert(*a, *b),
             Sto::Hs { key } => {
                 av.hs.insert(*key);
             }
@@ -1075,6 +1160,7 @@ impl<'a> Model<'a> {
             cur: vec![0; w],
             adv: vec![None; self.calls.len()],
             exits: vec![None; self.who.len()],
+            wake: Wake::new(w, self.who.len()),
         };
         for r in 0..w {
             self.launch(&mut st, r);
@@ -1125,8 +1211,10 @@ impl<'a> Model<'a> {
         }
         st.mem[r][0] = input;
         st.mem[r][1] = output;
+        st.wake.touch(r);
         for b in 0..p.blocks.len() {
             let pid = self.base[k][r] + b;
+            st.wake.blocked[pid] = None;
             let mut vc = st.vc[h].clone();
             Rc::make_mut(&mut vc)[pid] = 1;
             st.vc[pid] = vc;
@@ -1327,6 +1415,7 @@ impl<'a> Model<'a> {
             }
         }
         let wvc = packet.map(|_| vc.clone());
+        st.wake.touch(rank);
         let m = &mut st.mem[rank][sp];
         m.write(a, b, pieces, (k + 1, (pid as u32, t), wvc, packet), share);
         for (x, y, all) in earlier {
@@ -1338,64 +1427,69 @@ impl<'a> Model<'a> {
     /// Whether all packets of a window location carry `flag`.
     fn packets_ready(st: &St, l: (usize, usize, u64, u64), flag: u64) -> bool {
         let (rank, sp, a, b) = l;
-        a == b || st.mem[rank][sp].segs.iter().filter(|s| s.end > a && s.start < b).all(|s| s.flag == Some(flag))
+        a == b || st.mem[rank][sp].overlapping(a, b).iter().all(|s| s.flag == Some(flag))
     }
 
     /// Joins the put clocks of the packets at a window location into `pid`'s clock.
     fn acquire_packets(st: &mut St, pid: usize, l: (usize, usize, u64, u64)) {
         let (rank, sp, a, b) = l;
-        let vcs: Vec<Vc> =
-            st.mem[rank][sp].segs.iter().filter(|s| s.end > a && s.start < b).filter_map(|s| s.wvc.clone()).collect();
+        let vcs: Vec<Vc> = st.mem[rank][sp].overlapping(a, b).iter().filter_map(|s| s.wvc.clone()).collect();
         for v in vcs {
             join(&mut st.vc[pid], &v);
         }
     }
 
-    /// Whether process `pid`'s current step is enabled, and whether it may be taken eagerly.
+    /// Whether process `pid`'s current step is enabled, and whether it may be taken eagerly;
+    /// a process found blocked is recorded in `st.wake` with what it waits on.
     fn status(&self, st: &mut St, pid: usize) -> Option<bool> {
+        let blocked = self.blocked_on(st, pid);
+        st.wake.blocked[pid] = blocked.err();
+        blocked.ok()
+    }
+
+    fn blocked_on(&self, st: &mut St, pid: usize) -> Result<bool, Blocked> {
         if st.ps[pid].st != 1 {
-            return None;
+            return Err(Blocked::Idle);
         }
-        let Some((s, c)) = self.current(st, pid) else { return Some(true) };
+        let Some((s, c)) = self.current(st, pid) else { return Ok(true) };
         let e = st.ps[pid].e;
         let r = self.who[pid].1;
-        Some(match s {
-            Step::Stage { .. } | Step::ChunkLoop { .. } => true,
-            Step::Gather { expect: None, .. } | Step::Reduce { expect: None, .. } => true,
+        let on_rank = |st: &St, rank: usize| Blocked::Rank(rank as u32, st.wake.version[rank]);
+        match s {
+            Step::Stage { .. } | Step::ChunkLoop { .. } => Ok(true),
+            Step::Gather { expect: None, .. } | Step::Reduce { expect: None, .. } => Ok(true),
             Step::Wait { flag, value, .. } => {
                 let v = eval(value, e, c);
                 let ok = st.flags[r].get(&flag.at(c)).is_some_and(|h| h.iter().any(|(x, _)| *x >= v));
-                if !ok {
-                    return None;
-                }
-                true
+                if ok { Ok(true) } else { Err(on_rank(st, r)) }
             }
             Step::Gather { src, len, expect: Some(x), .. } => {
                 let l = self.loc(pid, src, len.at(c), c, e);
-                if !Self::packets_ready(st, l, eval(x, e, c)) {
-                    return None;
-                }
-                false
+                if Self::packets_ready(st, l, eval(x, e, c)) { Ok(false) } else { Err(on_rank(st, l.0)) }
             }
             Step::Reduce { srcs, len, expect: Some(x), .. } => {
-                let ok = srcs.iter().filter(|s| matches!(s.space, Space::Window(_))).all(|s| {
-                    let l = self.loc(pid, s, len.at(c), c, e);
-                    Self::packets_ready(st, l, eval(x, e, c))
-                });
-                if !ok {
-                    return None;
+                // Blocked while any one source is not ready: waiting on the first one's rank
+                // is enough.
+                let unready = srcs
+                    .iter()
+                    .filter(|s| matches!(s.space, Space::Window(_)))
+                    .map(|s| self.loc(pid, s, len.at(c), c, e))
+                    .find(|&l| !Self::packets_ready(st, l, eval(x, e, c)));
+                match unready {
+                    None => Ok(false),
+                    Some(l) => Err(on_rank(st, l.0)),
                 }
-                false
             }
             Step::HandshakeWait { src, expect, .. } => {
                 let key = (r as u32, src.at(0, e & 1));
                 if st.hs.get(&key).is_none_or(|cell| cell.flag != eval(expect, e, 0)) {
-                    return None;
+                    Err(on_rank(st, r))
+                } else {
+                    Ok(false)
                 }
-                false
             }
-            _ => false,
-        })
+            _ => Ok(false),
+        }
     }
 
     /// Takes process `pid`'s current step (or its exit).
@@ -1466,6 +1560,7 @@ impl<'a> Model<'a> {
             }
             Step::Signal { notify, .. } => {
                 let snap = st.vc[pid].clone();
+                st.wake.touch(notify.peer as usize);
                 st.flags[notify.peer as usize]
                     .entry(notify.flag.at(c))
                     .or_default()
@@ -1493,6 +1588,7 @@ impl<'a> Model<'a> {
                     let snap = std::mem::replace(&mut ctr.1, Rc::new(vec![0; self.nclock]));
                     ctr.0 = 0;
                     for n in then {
+                        st.wake.touch(n.peer as usize);
                         st.flags[n.peer as usize]
                             .entry(n.flag.at(c))
                             .or_default()
@@ -1521,6 +1617,7 @@ impl<'a> Model<'a> {
                     Advance::Fixed(_) => 0,
                 };
                 let t = vc[pid];
+                st.wake.touch(*peer as usize);
                 st.hs.insert(key, Cell { value, flag: eval(flag, e, 0), vc, writer: (pid as u32, t), readers: vec![] });
             }
             Step::HandshakeWait { src, .. } => {
@@ -1680,6 +1777,9 @@ impl<'a> Model<'a> {
             let mut progressed = false;
             let mut branching = vec![];
             for pid in 0..self.who.len() {
+                if st.wake.still_blocked(pid) {
+                    continue;
+                }
                 while let Some(eager) = self.status(st, pid) {
                     if eager || (red != Reduction::Off && self.independent(st, pid, red)) {
                         self.fire(st, pid, trace)?;
@@ -1828,15 +1928,20 @@ impl Explorer<'_, '_> {
                 .collect();
             eprintln!("state {}: {} branches: {}", self.states, en.len(), names.join(" || "));
         }
-        if self.states > self.max {
-            return Err(Stop::Budget);
-        }
         if en.is_empty() {
+            // A path explored to its end is checked even past the budget (its cost is spent):
+            // the budget stops branching, so a run whose synchronization steps all commute
+            // (one path in all) is exhaustive however long it is.
             if let Some(v) = self.m.deadlock(&mut st) {
                 return Err(self.m.with_trace(v, &self.trace).into());
             }
+            self.trace.truncate(mark);
+            return Ok(());
         }
         for t in en {
+            if self.states > self.max {
+                return Err(Stop::Budget);
+            }
             let mut s2 = st.clone();
             let m2 = self.trace.len();
             if let Err(v) = self.m.fire(&mut s2, t.pid, &mut self.trace) {
@@ -1888,4 +1993,31 @@ pub fn twin_spec(spec: &CollectiveSpec, chunk_bytes: u64, slots: u64) -> Collect
 /// Where a step sits, for messages: `block b step i[.j]`.
 pub fn step_name(path: crate::plan::StepPath) -> String {
     format!("block {} step {}", path.0, fmt_path(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Spans` answers overlap queries of non-empty ranges as the list of inserted intervals
+    /// does.
+    #[test]
+    fn spans_overlap_as_the_intervals_inserted() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for _ in 0..200 {
+            let (mut spans, mut list) = (Spans::default(), vec![]);
+            for _ in 0..12 {
+                let a = rng.next() % 100;
+                let b = a + 1 + rng.next() % 12;
+                spans.insert(a, b);
+                list.push((a, b));
+                for x in 0..120 {
+                    for y in x + 1..x + 14 {
+                        let want = list.iter().any(|&(a, b)| a < y && x < b);
+                        assert_eq!(spans.overlaps(x, y), want, "[{x}, {y}) against {list:?}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,68 @@
+//! What a plan key's first verification costs under `PURLIN_VERIFY=1`: the plans `Comm`
+//! would run (GPU tuning table, the workspace's default sizes, 264 co-resident blocks),
+//! verified with the default budget, at a world and a size per line.
+//!
+//! ```text
+//! cargo run -p purlin-collectives --release --example verify_cost -- [--world N]... [--bytes B]...
+//! ```
+//! Without arguments: worlds 2, 4 and 8, AllReduce and AllGather at 64 KiB and 1 MiB (bf16).
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use purlin_collectives::tuning::{PlanLimits, Tuning, plan_fitting};
+use purlin_collectives::verification::{default_budget, verified};
+use purlin_collectives::workspace::WorkspaceConfig;
+use purlin_snac::verify::Options;
+use purlin_snac::{CollectiveSpec, DataType, PacketFormat, ReduceOp};
+
+fn main() -> anyhow::Result<()> {
+    let (mut worlds, mut sizes) = (vec![], vec![]);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let v: u64 = args.next().with_context(|| format!("{a} takes a number"))?.parse()?;
+        match a.as_str() {
+            "--world" => worlds.push(v as u32),
+            "--bytes" => sizes.push(v),
+            _ => bail!("unknown argument {a}"),
+        }
+    }
+    if worlds.is_empty() {
+        worlds = vec![2, 4, 8];
+    }
+    if sizes.is_empty() {
+        sizes = vec![64 << 10, 1 << 20];
+    }
+    let workspace = WorkspaceConfig::default();
+    let limits = PlanLimits {
+        staging_bytes: workspace.staging_bytes as u64,
+        window_bytes: workspace.window_bytes as u64,
+        max_coresident_blocks: 264,
+        packet: PacketFormat::B16,
+        flag_words: workspace.flag_words as u32,
+        peer_outputs: false,
+        peer_inputs: false,
+    };
+    let budget = Options { max_coresident_blocks: Some(limits.max_coresident_blocks), ..default_budget() };
+    println!("{:>5} {:>10} {:>15} {:>6} {:>10}  coverage", "world", "bytes", "collective", "grid", "seconds");
+    for &world in &worlds {
+        for &bytes in &sizes {
+            let n = bytes / 2;
+            for spec in [
+                CollectiveSpec::all_reduce(world, DataType::Bf16, ReduceOp::Sum, n),
+                CollectiveSpec::all_gather(world, DataType::Bf16, n / world as u64),
+            ] {
+                let (plan, cfg) = plan_fitting(&spec, 0, false, &Tuning::default(), &limits, |_| true)?;
+                let t = Instant::now();
+                let verdict = verified(&spec, &cfg, &budget)?;
+                println!(
+                    "{world:>5} {bytes:>10} {:>15} {:>6} {:>10.3}  {}",
+                    spec.collective.name(),
+                    plan.grid(),
+                    t.elapsed().as_secs_f64(),
+                    verdict.coverage
+                );
+            }
+        }
+    }
+    Ok(())
+}
