@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use purlin_collectives::kernels::EXEC_PARAM_WORDS;
 use purlin_collectives::tuning::{PlanLimits, Tuning, plan_fitting};
 use purlin_collectives::verification::{default_budget, verified};
 use purlin_collectives::workspace::WorkspaceConfig;
@@ -32,16 +33,8 @@ fn main() -> anyhow::Result<()> {
     if sizes.is_empty() {
         sizes = vec![64 << 10, 1 << 20];
     }
-    let workspace = WorkspaceConfig::default();
-    let limits = PlanLimits {
-        staging_bytes: workspace.staging_bytes as u64,
-        window_bytes: workspace.window_bytes as u64,
-        max_coresident_blocks: 264,
-        packet: PacketFormat::B16,
-        flag_words: workspace.flag_words as u32,
-        peer_outputs: false,
-        peer_inputs: false,
-    };
+    let limits = PlanLimits::of_workspace(&WorkspaceConfig::default(), 264, PacketFormat::B16, false, false);
+    let fits = |p: &purlin_snac::Plan| purlin_snac::params::encode(p).len() <= EXEC_PARAM_WORDS;
     let budget = Options { max_coresident_blocks: Some(limits.max_coresident_blocks), ..default_budget() };
     println!("{:>5} {:>10} {:>15} {:>6} {:>10}  coverage", "world", "bytes", "collective", "grid", "seconds");
     for &world in &worlds {
@@ -51,7 +44,7 @@ fn main() -> anyhow::Result<()> {
                 CollectiveSpec::all_reduce(world, DataType::Bf16, ReduceOp::Sum, n),
                 CollectiveSpec::all_gather(world, DataType::Bf16, n / world as u64),
             ] {
-                let (plan, cfg) = plan_fitting(&spec, 0, false, &Tuning::default(), &limits, |_| true)?;
+                let (plan, cfg) = plan_fitting(&spec, 0, false, &Tuning::default(), &limits, fits)?;
                 let t = Instant::now();
                 let verdict = verified(&spec, &cfg, &budget)?;
                 println!(

@@ -1357,15 +1357,13 @@ impl Comm {
         if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
-        let limits = PlanLimits {
-            staging_bytes: self.layout.config.staging_bytes as u64,
-            window_bytes: self.layout.config.window_bytes as u64,
-            max_coresident_blocks: self.exec_bound.min(self.layout.config.epoch_words as u32),
-            packet: self.exec.packet(),
-            flag_words: u32::try_from(self.layout.config.flag_words).unwrap_or(u32::MAX),
+        let limits = PlanLimits::of_workspace(
+            &self.layout.config,
+            self.exec_bound.min(self.layout.config.epoch_words as u32),
+            self.exec.packet(),
             peer_outputs,
             peer_inputs,
-        };
+        );
         let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
         let (plan, cfg) = crate::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
         if let Some(budget) = &self.verify {

@@ -220,6 +220,28 @@ pub struct PlanLimits {
     pub peer_inputs: bool,
 }
 
+impl PlanLimits {
+    /// The limits of a communicator's symmetric workspace `config` (flag words saturate at
+    /// `u32::MAX`).
+    pub fn of_workspace(
+        config: &crate::workspace::WorkspaceConfig,
+        max_coresident_blocks: u32,
+        packet: PacketFormat,
+        peer_outputs: bool,
+        peer_inputs: bool,
+    ) -> Self {
+        PlanLimits {
+            staging_bytes: config.staging_bytes as u64,
+            window_bytes: config.window_bytes as u64,
+            max_coresident_blocks,
+            packet,
+            flag_words: u32::try_from(config.flag_words).unwrap_or(u32::MAX),
+            peer_outputs,
+            peer_inputs,
+        }
+    }
+}
+
 /// The largest payload a rank sends or receives in a call of `spec` (the size band).
 pub fn band_bytes(spec: &CollectiveSpec) -> u64 {
     (0..spec.world).map(|r| spec.input_bytes(r).max(spec.output_bytes(r))).max().unwrap_or(0)

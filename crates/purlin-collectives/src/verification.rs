@@ -2,9 +2,9 @@
 //! run, once per plan key per process. `CpuComm` always verifies; `Comm` (GPUs) does where
 //! [`crate::CommConfig::verify`] asks for it (`PURLIN_VERIFY=1`), because a key's first
 //! verification grows with the world and the grid: with the GPU table, at most 18 ms at
-//! world 2 (every collective, 8 B to 1 GiB), but seconds at world 4 and minutes at world 8
-//! (1 MiB AllReduce, 64 blocks: 158 s; release build, 2026-12-06), where CI's property tests
-//! and scenario sets cover the table instead.
+//! world 2 (every collective, 8 B to 1 GiB), 0.27 s at world 4 and seconds at world 8 (1 MiB
+//! AllReduce, 64 blocks: 6.6 s; release build, `examples/verify_cost`, 2026-12-06), where
+//! CI's property tests and scenario sets cover the table instead.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -138,15 +138,7 @@ mod tests {
         let mut checked = 0;
         for (peer_outputs, peer_inputs) in [(false, false), (true, false), (true, true)] {
             let workspace = crate::workspace::WorkspaceConfig::default();
-            let limits = PlanLimits {
-                staging_bytes: workspace.staging_bytes as u64,
-                window_bytes: workspace.window_bytes as u64,
-                max_coresident_blocks: 264,
-                packet: PacketFormat::B16,
-                flag_words: workspace.flag_words as u32,
-                peer_outputs,
-                peer_inputs,
-            };
+            let limits = PlanLimits::of_workspace(&workspace, 264, PacketFormat::B16, peer_outputs, peer_inputs);
             let budget = Options { max_coresident_blocks: Some(limits.max_coresident_blocks), ..default_budget() };
             for bytes in [64u64, 64 << 10, 1 << 20, 64 << 20] {
                 let n = bytes / 2;
