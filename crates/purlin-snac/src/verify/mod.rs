@@ -184,7 +184,8 @@ impl fmt::Display for Coverage {
 /// Exploration strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
-    /// Exhaustive within `max_states`, else sampled.
+    /// Exhaustive until a branch would be explored past `max_states` states, then sampled (a
+    /// path already explored is checked to its end, so a run with one path stays exhaustive).
     #[default]
     Auto,
     Exhaustive,
@@ -211,6 +212,7 @@ pub enum Reduction {
 pub struct Options {
     /// The runtime's co-residency bound; plans above it (or above their own bound) are rejected.
     pub max_coresident_blocks: Option<u32>,
+    /// The state budget of exhaustive exploration: no new branch is explored past it.
     pub max_states: u64,
     pub schedules: u64,
     pub seed: u64,
