@@ -27,14 +27,18 @@
 //! [`CpuConfig::timeout`] ([`Error::Timeout`]) and the world is poisoned (every later call
 //! returns [`Error::Poisoned`]) — as with NCCL, every rank must make the same calls.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use purlin_atom::{F8E4M3, F8E5M2};
 use purlin_snac::verify::Options;
 use purlin_snac::{CollectiveSpec, ConsumeOp, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
 
 use crate::comm::ReduceOp;
+use crate::cpu_symmetric::SymmetricAlloc;
+use crate::cpu_symmetric::region::HostRegion;
+pub use crate::cpu_symmetric::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer};
 use crate::error::Error;
 use crate::host_exec::{CallBuffers, HostMemoryConfig, HostWorld, atom_dtype};
 use crate::tuning::{PlanLimits, Tuning, plan_and_config};
@@ -89,7 +93,7 @@ pub struct CpuConfig {
 
 impl CpuConfig {
     /// The host's tuning defaults: the GPU table's regime band, but 32 KiB chunks, 2 blocks
-    /// per role for every role and regime and 4 slots — a CPU thread per block (the GPU's 32
+    /// per role for every role and regime (one-copy plans included) and 4 slots — a CPU thread per block (the GPU's 32
     /// reader and up to 64 packet blocks would be threads here), and staging that fits world
     /// 16 in 4 MiB.
     pub fn host_tuning() -> Tuning {
@@ -99,6 +103,7 @@ impl CpuConfig {
             consumer_blocks_per_role: None,
             latency_max_blocks: None,
             slots: 4,
+            one_copy_blocks: 2,
             ..Tuning::default()
         }
     }
@@ -184,6 +189,8 @@ pub struct CallInfo {
     pub staging_side: Option<StagingSide>,
     /// Blocks (threads) of this rank.
     pub grid: usize,
+    /// Whether it ran a one-copy plan (symmetric buffers, [`crate::cpu_symmetric`]).
+    pub one_copy: bool,
     /// The verifier's coverage of its plan key (`exhaustive, N states` or `sampled ...`).
     pub verified: String,
 }
@@ -195,6 +202,30 @@ struct Shared {
     /// rank is refused, not interleaved).
     busy: Vec<Mutex<()>>,
     last: Vec<Mutex<Option<CallInfo>>>,
+    /// This world's identity, which its symmetric allocations carry.
+    token: Arc<()>,
+    /// Where ranks meet to allocate symmetric buffers.
+    allocs: Mutex<Meetings>,
+    allocs_arrived: Condvar,
+}
+
+/// The symmetric allocations being made: each rank's `k`-th call of
+/// [`CpuComm::alloc_symmetric`] meets every other rank's `k`-th.
+struct Meetings {
+    /// Per rank: the index of its next allocation.
+    next: Vec<u64>,
+    open: HashMap<u64, Meeting>,
+}
+
+struct Meeting {
+    /// Per rank: the bytes it asked for, once it arrived.
+    bytes: Vec<Option<usize>>,
+    /// Made by the first rank to see every rank arrived: the allocation, or why none.
+    outcome: Option<Result<Arc<SymmetricAlloc>, MeetingFailure>>,
+    /// The rank whose wait expired before every rank arrived, and what it reported.
+    abandoned: Option<(usize, String)>,
+    /// Ranks that have left with an outcome (the meeting is dropped when all have).
+    left: usize,
 }
 
 /// A host communicator: one rank of a world of threads in this process.
@@ -209,22 +240,32 @@ impl std::fmt::Debug for CpuComm {
     }
 }
 
-/// A call's buffers, before they become raw pointers.
+/// Every rank's input and output where a call's are symmetric buffers, and the allocations
+/// the call uses.
+#[derive(Default)]
+struct PeerRegions<'a> {
+    inputs: Option<[(*mut u8, usize); crate::exec_device::MAX_WORLD]>,
+    outputs: Option<[(*mut u8, usize); crate::exec_device::MAX_WORLD]>,
+    allocs: Vec<&'a SymmetricAlloc>,
+}
+
+/// Why every rank of a meeting got no allocation.
+enum MeetingFailure {
+    /// Ranks asked for different sizes.
+    Sizes,
+    /// The process could not allocate the memory.
+    Memory(String),
+}
+
+/// A call's buffers: the regions of the borrows the call holds until it returns.
 enum Bufs<'a> {
-    Separate(&'a [u8], &'a mut [u8]),
-    InPlace(&'a mut [u8]),
+    Separate(HostRegion<'a>, HostRegion<'a>),
+    InPlace(HostRegion<'a>),
 }
 
-fn bytes_of<T: CpuType>(s: &[T]) -> &[u8] {
-    // SAFETY: every `CpuType` is a plain number type (or a repr(transparent) byte code)
-    // without padding, so its memory is `size_of_val(s)` initialized bytes.
-    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
-}
-
-fn bytes_of_mut<T: CpuType>(s: &mut [T]) -> &mut [u8] {
-    // SAFETY: as in `bytes_of`; and every byte pattern is a valid value of every `CpuType`
-    // (integers, IEEE floats, fp8 codes), so writing arbitrary bytes keeps `s` valid.
-    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+/// Whole elements of `T` in a region (a buffer of `T` holds nothing else).
+fn elems<T: CpuType>(r: &HostRegion<'_>) -> u64 {
+    (r.bytes / size_of::<T>()) as u64
 }
 
 fn snac_op(op: &ReduceOp) -> purlin_snac::ReduceOp {
@@ -261,6 +302,9 @@ impl CpuComm {
             config,
             busy: (0..world).map(|_| Mutex::new(())).collect(),
             last: (0..world).map(|_| Mutex::new(None)).collect(),
+            token: Arc::new(()),
+            allocs: Mutex::new(Meetings { next: vec![0; world], open: HashMap::new() }),
+            allocs_arrived: Condvar::new(),
         });
         Ok((0..world).map(|rank| CpuComm { rank, shared: shared.clone() }).collect())
     }
@@ -294,6 +338,80 @@ impl CpuComm {
         self.shared.last[self.rank].lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Allocates `len` elements of `T` on every rank at once (a collective call: every rank
+    /// calls it, in the same order, with the same `len`), like `Comm::alloc_symmetric` and
+    /// NCCL's `ncclMemAlloc` + `ncclCommWindowRegister`. The memory is zeroed. Collectives
+    /// that get such buffers in the same roles on every rank take the one-copy path
+    /// ([`crate::cpu_symmetric`]). Every rank returns the same outcome: a buffer, or
+    /// [`Error::Mismatch`] when ranks asked for different sizes; a rank that does not arrive
+    /// within [`CpuConfig::timeout`] makes the waiting ranks return [`Error::Timeout`].
+    pub fn alloc_symmetric<T: CpuType>(&self, len: usize) -> Result<CpuSymmetricBuffer<T>, Error> {
+        const DURING: &str = "allocating a symmetric buffer";
+        let sh = &*self.shared;
+        let (rank, world) = (self.rank, self.world_size());
+        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!("a symmetric buffer of {len} elements of {} bytes", size_of::<T>()))
+        })?;
+        let mut meetings = sh.allocs.lock().unwrap_or_else(|e| e.into_inner());
+        let index = meetings.next[rank];
+        meetings.next[rank] += 1;
+        let meeting = meetings.open.entry(index).or_insert_with(|| Meeting {
+            bytes: vec![None; world],
+            outcome: None,
+            abandoned: None,
+            left: 0,
+        });
+        meeting.bytes[rank] = Some(bytes);
+        sh.allocs_arrived.notify_all();
+        let deadline = Instant::now() + sh.config.timeout;
+        let outcome = loop {
+            let meeting = meetings.open.get_mut(&index).ok_or_else(|| internal(rank as u32, "lost a meeting".into()))?;
+            if let Some((peer, error)) = &meeting.abandoned {
+                break Err(Error::PeerFailed { rank, peer: *peer, during: DURING.into(), error: error.clone() });
+            }
+            if meeting.bytes.iter().all(Option::is_some) {
+                let sizes: Vec<usize> = meeting.bytes.iter().flatten().copied().collect();
+                let made = meeting.outcome.get_or_insert_with(|| {
+                    if sizes.iter().any(|&b| b != bytes) {
+                        return Err(MeetingFailure::Sizes);
+                    }
+                    SymmetricAlloc::zeroed(sh.token.clone(), world, bytes)
+                        .map(Arc::new)
+                        .map_err(|e| MeetingFailure::Memory(e.to_string()))
+                });
+                break match made {
+                    Ok(alloc) => Ok(CpuSymmetricBuffer::new(alloc.clone(), rank, len)),
+                    Err(MeetingFailure::Memory(why)) => Err(Error::InvalidArgument(why.clone())),
+                    Err(MeetingFailure::Sizes) => {
+                        let peer = sizes.iter().position(|&b| b != bytes).unwrap_or(0);
+                        Err(Error::Mismatch {
+                            rank,
+                            peer,
+                            what: format!("symmetric buffer size: {bytes} bytes here, {} there", sizes[peer]),
+                        })
+                    }
+                };
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let peer = meeting.bytes.iter().position(Option::is_none).unwrap_or(0);
+                let waited = sh.config.timeout;
+                let error = Error::Timeout { rank, peer, waited, during: DURING.into() };
+                meeting.abandoned = Some((rank, error.to_string()));
+                sh.allocs_arrived.notify_all();
+                break Err(error);
+            }
+            meetings = sh.allocs_arrived.wait_timeout(meetings, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        };
+        if let Some(meeting) = meetings.open.get_mut(&index) {
+            meeting.left += 1;
+            if meeting.left == world {
+                meetings.open.remove(&index);
+            }
+        }
+        outcome
+    }
+
     fn world_u32(&self) -> u32 {
         self.world_size() as u32
     }
@@ -303,74 +421,107 @@ impl CpuComm {
     }
 
     /// AllReduce: `recv[i] = op over ranks of send[i]`; `recv` has `send.len()` elements.
-    pub fn all_reduce<T: CpuType>(&self, send: &[T], recv: &mut [T], op: &ReduceOp) -> Result<(), Error> {
-        let spec = CollectiveSpec::all_reduce(self.world_u32(), T::DATA_TYPE, snac_op(op), send.len() as u64);
-        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    pub fn all_reduce<S, R, T>(&self, send: &S, recv: &mut R, op: &ReduceOp) -> Result<(), Error>
+    where
+        S: CpuBuffer<T> + ?Sized,
+        R: CpuBufferMut<T> + ?Sized,
+        T: CpuType,
+    {
+        let send = send.host_region();
+        let spec = CollectiveSpec::all_reduce(self.world_u32(), T::DATA_TYPE, snac_op(op), elems::<T>(&send));
+        self.run(self.mode(spec), Bufs::Separate(send, recv.host_region_mut()))
     }
 
     /// In-place AllReduce.
-    pub fn all_reduce_in_place<T: CpuType>(&self, buf: &mut [T], op: &ReduceOp) -> Result<(), Error> {
-        let spec = CollectiveSpec::all_reduce(self.world_u32(), T::DATA_TYPE, snac_op(op), buf.len() as u64);
-        self.run(self.mode(spec), Bufs::InPlace(bytes_of_mut(buf)))
+    pub fn all_reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(&self, buf: &mut B, op: &ReduceOp) -> Result<(), Error> {
+        let buf = buf.host_region_mut();
+        let spec = CollectiveSpec::all_reduce(self.world_u32(), T::DATA_TYPE, snac_op(op), elems::<T>(&buf));
+        self.run(self.mode(spec), Bufs::InPlace(buf))
     }
 
     /// AllGather: `recv` holds `world × send.len()` elements, rank `p`'s `send` at `p × send.len()`.
-    pub fn all_gather<T: CpuType>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
-        let spec = CollectiveSpec::all_gather(self.world_u32(), T::DATA_TYPE, send.len() as u64);
-        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    pub fn all_gather<S: CpuBuffer<T> + ?Sized, R: CpuBufferMut<T> + ?Sized, T: CpuType>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<(), Error> {
+        let send = send.host_region();
+        let spec = CollectiveSpec::all_gather(self.world_u32(), T::DATA_TYPE, elems::<T>(&send));
+        self.run(self.mode(spec), Bufs::Separate(send, recv.host_region_mut()))
     }
 
     /// In-place AllGather (NCCL's convention): this rank's contribution is already at
     /// `buf[rank × n .. (rank + 1) × n]`, `n = buf.len() / world`.
-    pub fn all_gather_in_place<T: CpuType>(&self, buf: &mut [T]) -> Result<(), Error> {
-        let n = crate::comm::whole_partitions(buf.len(), self.world_size(), "all_gather_in_place")?;
+    pub fn all_gather_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(&self, buf: &mut B) -> Result<(), Error> {
+        let buf = buf.host_region_mut();
+        let n = crate::comm::whole_partitions(elems::<T>(&buf) as usize, self.world_size(), "all_gather_in_place")?;
         let spec = CollectiveSpec::all_gather(self.world_u32(), T::DATA_TYPE, n);
-        self.run(self.mode(spec), Bufs::InPlace(bytes_of_mut(buf)))
+        self.run(self.mode(spec), Bufs::InPlace(buf))
     }
 
     /// ReduceScatter: `send` holds `world × recv.len()` elements; rank `r` receives the
     /// reduction of every rank's partition `r`.
-    pub fn reduce_scatter<T: CpuType>(&self, send: &[T], recv: &mut [T], op: &ReduceOp) -> Result<(), Error> {
-        let spec = CollectiveSpec::reduce_scatter(self.world_u32(), T::DATA_TYPE, snac_op(op), recv.len() as u64);
-        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+    pub fn reduce_scatter<S, R, T>(&self, send: &S, recv: &mut R, op: &ReduceOp) -> Result<(), Error>
+    where
+        S: CpuBuffer<T> + ?Sized,
+        R: CpuBufferMut<T> + ?Sized,
+        T: CpuType,
+    {
+        let recv = recv.host_region_mut();
+        let spec = CollectiveSpec::reduce_scatter(self.world_u32(), T::DATA_TYPE, snac_op(op), elems::<T>(&recv));
+        self.run(self.mode(spec), Bufs::Separate(send.host_region(), recv))
     }
 
     /// In-place ReduceScatter (NCCL's convention): the result lands in this rank's partition
     /// `buf[rank × n .. (rank + 1) × n]`, `n = buf.len() / world`; the other partitions are
     /// left as they were.
-    pub fn reduce_scatter_in_place<T: CpuType>(&self, buf: &mut [T], op: &ReduceOp) -> Result<(), Error> {
-        let n = crate::comm::whole_partitions(buf.len(), self.world_size(), "reduce_scatter_in_place")?;
+    pub fn reduce_scatter_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+        &self,
+        buf: &mut B,
+        op: &ReduceOp,
+    ) -> Result<(), Error> {
+        let buf = buf.host_region_mut();
+        let n = crate::comm::whole_partitions(elems::<T>(&buf) as usize, self.world_size(), "reduce_scatter_in_place")?;
         let spec = CollectiveSpec::reduce_scatter(self.world_u32(), T::DATA_TYPE, snac_op(op), n);
-        self.run(self.mode(spec), Bufs::InPlace(bytes_of_mut(buf)))
+        self.run(self.mode(spec), Bufs::InPlace(buf))
     }
 
     /// AllToAll: `send` and `recv` hold `world × n` elements; partition `q` of `send` goes to
     /// rank `q`, partition `p` of `recv` comes from rank `p`.
-    pub fn all_to_all<T: CpuType>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
-        let n = crate::comm::whole_partitions(send.len(), self.world_size(), "all_to_all")?;
+    pub fn all_to_all<S: CpuBuffer<T> + ?Sized, R: CpuBufferMut<T> + ?Sized, T: CpuType>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<(), Error> {
+        let send = send.host_region();
+        let n = crate::comm::whole_partitions(elems::<T>(&send) as usize, self.world_size(), "all_to_all")?;
         let spec = CollectiveSpec::all_to_all(self.world_u32(), T::DATA_TYPE, n);
-        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+        self.run(self.mode(spec), Bufs::Separate(send, recv.host_region_mut()))
     }
 
     /// AllGatherV: rank `p` contributes `counts[p]` elements (`send.len() == counts[rank]`);
     /// `recv` holds their concatenation in rank order. Every rank passes the same `counts`.
-    pub fn all_gather_v<T: CpuType>(&self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<(), Error> {
+    pub fn all_gather_v<S, R, T>(&self, send: &S, recv: &mut R, counts: &[usize]) -> Result<(), Error>
+    where
+        S: CpuBuffer<T> + ?Sized,
+        R: CpuBufferMut<T> + ?Sized,
+        T: CpuType,
+    {
         let spec = CollectiveSpec::all_gather_v(self.world_u32(), T::DATA_TYPE, counts_u64(counts));
-        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+        self.run(self.mode(spec), Bufs::Separate(send.host_region(), recv.host_region_mut()))
     }
 
     /// ReduceScatterV: rank `p` receives `counts[p]` reduced elements (`recv.len() ==
     /// counts[rank]`); `send` holds every rank's partition, concatenated in rank order (its
     /// length is the sum of `counts`). Every rank passes the same `counts`.
-    pub fn reduce_scatter_v<T: CpuType>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        counts: &[usize],
-        op: &ReduceOp,
-    ) -> Result<(), Error> {
+    pub fn reduce_scatter_v<S, R, T>(&self, send: &S, recv: &mut R, counts: &[usize], op: &ReduceOp) -> Result<(), Error>
+    where
+        S: CpuBuffer<T> + ?Sized,
+        R: CpuBufferMut<T> + ?Sized,
+        T: CpuType,
+    {
         let spec = CollectiveSpec::reduce_scatter_v(self.world_u32(), T::DATA_TYPE, snac_op(op), counts_u64(counts));
-        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+        self.run(self.mode(spec), Bufs::Separate(send.host_region(), recv.host_region_mut()))
     }
 
     /// AllToAllV with the whole traffic matrix: `counts[src][dst]` elements go from rank `src`
@@ -380,30 +531,103 @@ impl CpuComm {
     /// column `r`'s in source order (`output_split_sizes = counts[*][r]`). The matrix, not
     /// just this rank's row and column, because the call's plans — and their verification —
     /// are made from the whole call.
-    pub fn all_to_all_v<T: CpuType, C: AsRef<[usize]>>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        counts: &[C],
-    ) -> Result<(), Error> {
+    pub fn all_to_all_v<S, R, T, C>(&self, send: &S, recv: &mut R, counts: &[C]) -> Result<(), Error>
+    where
+        S: CpuBuffer<T> + ?Sized,
+        R: CpuBufferMut<T> + ?Sized,
+        T: CpuType,
+        C: AsRef<[usize]>,
+    {
         let m = counts.iter().map(|row| counts_u64(row.as_ref())).collect();
         let spec = CollectiveSpec::all_to_all_v(self.world_u32(), T::DATA_TYPE, m);
-        self.run(self.mode(spec), Bufs::Separate(bytes_of(send), bytes_of_mut(recv)))
+        self.run(self.mode(spec), Bufs::Separate(send.host_region(), recv.host_region_mut()))
     }
 
     /// Any collective on raw bytes: `spec` says what (its world must be this communicator's;
     /// its mode is used as given). For bindings and benchmarks; the typed methods are sugar
     /// over this. Lengths are checked against the spec (a byte length that is not a whole
     /// number of elements is [`purlin_snac::SpecError::NotElementMultiple`]).
-    pub fn execute_bytes(&self, spec: &CollectiveSpec, send: &[u8], recv: &mut [u8]) -> Result<(), Error> {
-        self.run(spec.clone(), Bufs::Separate(send, recv))
+    pub fn execute_bytes<S: CpuBuffer<u8> + ?Sized, R: CpuBufferMut<u8> + ?Sized>(
+        &self,
+        spec: &CollectiveSpec,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<(), Error> {
+        self.run(spec.clone(), Bufs::Separate(send.host_region(), recv.host_region_mut()))
     }
 
     /// [`CpuComm::execute_bytes`] in place (AllReduce: the whole buffer; AllGather(V): the
     /// output, this rank's contribution in its partition; ReduceScatter(V): the input, the
     /// result in this rank's partition).
-    pub fn execute_bytes_in_place(&self, spec: &CollectiveSpec, buf: &mut [u8]) -> Result<(), Error> {
-        self.run(spec.clone(), Bufs::InPlace(buf))
+    pub fn execute_bytes_in_place<B: CpuBufferMut<u8> + ?Sized>(&self, spec: &CollectiveSpec, buf: &mut B) -> Result<(), Error> {
+        self.run(spec.clone(), Bufs::InPlace(buf.host_region_mut()))
+    }
+
+    /// Which of a call's buffers are symmetric (the one-copy path), with every rank's as the
+    /// host executor addresses it: out of place, the input and the output each; in place, the
+    /// one buffer, which holds every rank's input and output at NCCL's offsets. The host twin
+    /// of `Comm::peer_buffers`, checking in addition that a buffer is this rank's handle of an
+    /// allocation of this world.
+    fn peer_buffers<'a>(&self, spec: &CollectiveSpec, bufs: &Bufs<'a>) -> Result<PeerRegions<'a>, Error> {
+        let mut peers = PeerRegions::default();
+        // Every rank's base of `region`'s allocation, each of which must hold `need(rank)`
+        // bytes (peers access every rank's), shifted by `shift(rank)`.
+        let mut at = |region: &HostRegion<'a>, need: &dyn Fn(u32) -> u64, shift: &dyn Fn(u32) -> u64, what: &str| {
+            let Some((alloc, owner)) = region.symmetric else { return Ok(None) };
+            if !alloc.belongs_to(&self.shared.token) {
+                return Err(Error::InvalidArgument(format!(
+                    "the {what} is a symmetric buffer of another communicator's world"
+                )));
+            }
+            if owner != self.rank {
+                return Err(Error::InvalidArgument(format!(
+                    "the {what} is rank {owner}'s handle of a symmetric buffer, passed to rank {}",
+                    self.rank
+                )));
+            }
+            if let Some(q) = (0..self.world_u32()).find(|&q| need(q) > alloc.bytes() as u64) {
+                return Err(Error::InvalidArgument(format!(
+                    "a symmetric buffer of {} bytes as the {what}: rank {q}'s needs {} bytes, and peers access every \
+                     rank's buffer",
+                    alloc.bytes(),
+                    need(q)
+                )));
+            }
+            let mut bases = [(std::ptr::null_mut(), 0); crate::exec_device::MAX_WORLD];
+            for (q, b) in bases.iter_mut().enumerate().take(self.world_size()) {
+                let off = shift(q as u32) as usize;
+                // SAFETY: `off` ≤ `need(q)` ≤ the allocation's bytes per rank (checked above),
+                // so the pointer stays inside rank `q`'s bytes (or one past their end).
+                *b = (unsafe { alloc.base(q).add(off) }, alloc.bytes() - off);
+            }
+            if !peers.allocs.iter().any(|a| std::ptr::eq(*a, alloc)) {
+                peers.allocs.push(alloc);
+            }
+            Ok(Some(bases))
+        };
+        match bufs {
+            Bufs::Separate(input, output) => {
+                let inputs = at(input, &|q| spec.input_bytes(q), &|_| 0, "input")?;
+                let outputs = at(output, &|q| spec.output_bytes(q), &|_| 0, "output")?;
+                (peers.inputs, peers.outputs) = (inputs, outputs);
+            }
+            Bufs::InPlace(buf) => {
+                // (input offset, output offset) of rank `q`'s buffer.
+                let offsets = |q: u32| match purlin_snac::in_place_alias(spec, q) {
+                    Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
+                    Some(purlin_snac::Alias::OutputInInput(o)) => (0, o),
+                    None => (0, 0),
+                };
+                let need = |q: u32| {
+                    let (i, o) = offsets(q);
+                    (i + spec.input_bytes(q)).max(o + spec.output_bytes(q))
+                };
+                let inputs = at(buf, &need, &|q| offsets(q).0, "buffer")?;
+                let outputs = at(buf, &need, &|q| offsets(q).1, "buffer")?;
+                (peers.inputs, peers.outputs) = (inputs, outputs);
+            }
+        }
+        Ok(peers)
     }
 
     /// Validates, plans, verifies, runs. Nothing is written before every check has passed.
@@ -428,8 +652,8 @@ impl CpuComm {
         let es = spec.dtype.size();
         let in_place = matches!(bufs, Bufs::InPlace(_));
         let (in_len, out_len) = match &bufs {
-            Bufs::Separate(s, r) => (s.len() as u64, r.len() as u64),
-            Bufs::InPlace(b) => (b.len() as u64, b.len() as u64),
+            Bufs::Separate(s, r) => (s.bytes as u64, r.bytes as u64),
+            Bufs::InPlace(b) => (b.bytes as u64, b.bytes as u64),
         };
         for len in [in_len, out_len] {
             CollectiveSpec::elements(spec.dtype, len)?;
@@ -459,18 +683,20 @@ impl CpuComm {
         })?;
         self.async_error()?;
 
-        let (tuning, limits) = (&sh.config.tuning, sh.config.limits());
+        let peers = self.peer_buffers(&spec, &bufs)?;
+        let (tuning, mut limits) = (&sh.config.tuning, sh.config.limits());
+        (limits.peer_inputs, limits.peer_outputs) = (peers.inputs.is_some(), peers.outputs.is_some());
         // Verified with the configuration the plan was derived with (after any fall-back to
         // the throughput regime or to smaller chunks).
         let (plan, cfg) = plan_and_config(&spec, rank, in_place, tuning, &limits)?;
         let verdict = verified(&spec, &cfg, &sh.config.verify)?;
         verdict.covers(&plan)?;
 
-        let buffers = match bufs {
-            Bufs::Separate(s, r) => CallBuffers::new(s.as_ptr(), s.len(), r.as_mut_ptr(), r.len()),
+        let mut buffers = match bufs {
+            Bufs::Separate(s, r) => CallBuffers::new(s.ptr, s.bytes, r.ptr, r.bytes),
             Bufs::InPlace(b) => {
-                let len = b.len();
-                let base = b.as_mut_ptr();
+                let len = b.bytes;
+                let base = b.ptr;
                 let (ioff, ilen, ooff, olen) = match plan.resources.alias {
                     Some(purlin_snac::Alias::InputInOutput(o)) => {
                         (o as usize, plan.resources.input_bytes as usize, 0, len)
@@ -484,10 +710,18 @@ impl CpuComm {
                     return Err(internal(rank, "in-place alias outside the buffer".into()));
                 }
                 // SAFETY: both offsets plus lengths were checked to lie inside `b`; both
-                // pointers derive from the one unique borrow `b`, which outlives the call.
+                // pointers derive from the one unique borrow behind `b`, which outlives the call.
                 unsafe { CallBuffers::new(base.add(ioff), ilen, base.add(ooff), olen) }
             }
         };
+        if let Some(p) = peers.inputs {
+            buffers.peer_inputs = p;
+        }
+        if let Some(p) = peers.outputs {
+            buffers.peer_outputs = p;
+        }
+        // Owners' copies wait until this call has left every symmetric allocation it uses.
+        let _holds: Vec<_> = peers.allocs.iter().map(|a| a.enter_call()).collect();
         sh.world.execute(&plan, buffers, false)?;
         *sh.last[self.rank].lock().unwrap_or_else(|e| e.into_inner()) = Some(CallInfo {
             spec,
@@ -495,6 +729,7 @@ impl CpuComm {
             regime: plan.regime,
             staging_side: plan.staging_side,
             grid: plan.grid(),
+            one_copy: cfg.regime == Regime::Throughput && purlin_snac::derive::one_copy(&plan.spec, &cfg),
             verified: verdict.coverage.clone(),
         });
         Ok(())

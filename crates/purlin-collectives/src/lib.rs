@@ -11,6 +11,7 @@ pub mod comm;
 #[doc(hidden)]
 pub mod conformance;
 pub mod cpu;
+pub mod cpu_symmetric;
 pub mod device;
 pub mod error;
 pub mod exec_device;
@@ -27,6 +28,7 @@ pub mod workspace;
 
 pub use comm::{Comm, CommConfig, ReduceOp};
 pub use cpu::{CpuComm, CpuConfig};
+pub use cpu_symmetric::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer};
 pub use error::Error;
 pub use id::Id;
 pub use symmetric::SymmetricBuffer;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use purlin_atom::{F8E4M3, F8E5M2};
-use purlin_collectives::cpu::{CpuComm, CpuConfig, CpuType};
+use purlin_collectives::cpu::{CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuType};
 use purlin_collectives::{Error, ReduceOp};
 use purlin_snac::verify::Options;
 use purlin_snac::{Collective, CollectiveSpec, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
@@ -117,6 +117,8 @@ pub struct Case {
     pub shape: Shape,
     pub setup: Setup,
     pub in_place: bool,
+    /// Input and output are `CpuSymmetricBuffer`s (the one-copy plans in throughput).
+    pub symmetric: bool,
 }
 
 impl Case {
@@ -137,15 +139,19 @@ impl Case {
             }
             s => s,
         };
-        Case { c, world, dtype, op, mode, shape, setup, in_place: false }
+        Case { c, world, dtype, op, mode, shape, setup, in_place: false, symmetric: false }
     }
     pub fn in_place(mut self) -> Case {
         self.in_place = true;
         self
     }
+    pub fn symmetric(mut self) -> Case {
+        self.symmetric = true;
+        self
+    }
     pub fn name(&self) -> String {
         format!(
-            "{} w{} {:?} {:?} {:?} {:?} {:?}{}",
+            "{} w{} {:?} {:?} {:?} {:?} {:?}{}{}",
             self.c.name(),
             self.world,
             self.dtype,
@@ -153,7 +159,8 @@ impl Case {
             self.mode,
             self.shape,
             self.setup,
-            if self.in_place { " in-place" } else { "" }
+            if self.in_place { " in-place" } else { "" },
+            if self.symmetric { " symmetric" } else { "" }
         )
     }
     fn uni(&self) -> u64 {
@@ -417,54 +424,113 @@ fn usz(v: &[u64]) -> Vec<usize> {
     v.iter().map(|&x| x as usize).collect()
 }
 
+/// Rank `r`'s in-place buffer before the call: the input, or for AllGather(V) the output
+/// with this rank's contribution already in its partition.
+fn in_place_buffer(case: &Case, r: usize, input: &[u8], out: &[u8]) -> Vec<u8> {
+    match case.c {
+        Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV => input.to_vec(),
+        _ => {
+            let es = case.dtype.size() as usize;
+            let mut b = out.to_vec();
+            let off = match &case.shape {
+                Shape::PerRank(c) => c[..r].iter().sum::<u64>() as usize,
+                _ => r * (input.len() / es),
+            };
+            b[off * es..off * es + input.len()].copy_from_slice(input);
+            b
+        }
+    }
+}
+
+/// The out-of-place call of `case` through the typed API, on any kind of buffer.
+fn call_out_of_place<S, R, T>(comm: &CpuComm, case: &Case, x: &S, y: &mut R) -> Result<(), Error>
+where
+    S: CpuBuffer<T> + ?Sized,
+    R: CpuBufferMut<T> + ?Sized,
+    T: CpuType,
+{
+    let op = case.op.unwrap_or(ReduceOp::Sum);
+    match case.c {
+        Collective::AllReduce => comm.all_reduce(x, y, &op),
+        Collective::AllGather => comm.all_gather(x, y),
+        Collective::ReduceScatter => comm.reduce_scatter(x, y, &op),
+        Collective::AllToAll => comm.all_to_all(x, y),
+        Collective::AllGatherV => comm.all_gather_v(x, y, &usz(&case.per_rank())),
+        Collective::ReduceScatterV => comm.reduce_scatter_v(x, y, &usz(&case.per_rank()), &op),
+        Collective::AllToAllV => {
+            let m: Vec<Vec<usize>> = case.per_pair().iter().map(|r| usz(r)).collect();
+            comm.all_to_all_v(x, y, &m)
+        }
+    }
+}
+
+/// The in-place call of `case` through the typed API (`None` for the V forms, which go
+/// through the byte API).
+fn call_in_place<B, T>(comm: &CpuComm, case: &Case, buf: &mut B) -> Option<Result<(), Error>>
+where
+    B: CpuBufferMut<T> + ?Sized,
+    T: CpuType,
+{
+    let op = case.op.unwrap_or(ReduceOp::Sum);
+    Some(match case.c {
+        Collective::AllReduce => comm.all_reduce_in_place(buf, &op),
+        Collective::AllGather => comm.all_gather_in_place(buf),
+        Collective::ReduceScatter => comm.reduce_scatter_in_place(buf, &op),
+        _ => return None,
+    })
+}
+
 /// Rank `r`'s call through the typed API (V in-place calls through the byte API).
 fn call_typed<T: CpuType>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
-    let x: Vec<T> = from_bytes(input);
-    let op = case.op.unwrap_or(ReduceOp::Sum);
-    let r = comm.rank();
-    let es = case.dtype.size() as usize;
+    if case.symmetric {
+        return call_symmetric::<T>(comm, case, input, out);
+    }
     if case.in_place {
-        let mut buf: Vec<T> = match case.c {
-            Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV => x.clone(),
-            _ => {
-                // AllGather(V): this rank's contribution already in its partition.
-                let mut b = out.clone();
-                let off = match &case.shape {
-                    Shape::PerRank(c) => c[..r].iter().sum::<u64>() as usize,
-                    _ => r * x.len(),
-                };
-                b[off * es..off * es + input.len()].copy_from_slice(input);
-                from_bytes(&b)
-            }
-        };
-        match case.c {
-            Collective::AllReduce => comm.all_reduce_in_place(&mut buf, &op)?,
-            Collective::AllGather => comm.all_gather_in_place(&mut buf)?,
-            Collective::ReduceScatter => comm.reduce_scatter_in_place(&mut buf, &op)?,
-            _ => {
-                let spec = spec_of(case);
+        let mut buf: Vec<T> = from_bytes(&in_place_buffer(case, comm.rank(), input, out));
+        match call_in_place(comm, case, &mut buf) {
+            Some(r) => r?,
+            None => {
                 let mut b = to_bytes(&buf);
-                comm.execute_bytes_in_place(&spec, &mut b)?;
+                comm.execute_bytes_in_place(&spec_of(case), &mut b)?;
                 buf = from_bytes(&b);
             }
         }
         *out = to_bytes(&buf);
         return Ok(());
     }
+    let x: Vec<T> = from_bytes(input);
     let mut y: Vec<T> = from_bytes(out);
-    match case.c {
-        Collective::AllReduce => comm.all_reduce(&x, &mut y, &op)?,
-        Collective::AllGather => comm.all_gather(&x, &mut y)?,
-        Collective::ReduceScatter => comm.reduce_scatter(&x, &mut y, &op)?,
-        Collective::AllToAll => comm.all_to_all(&x, &mut y)?,
-        Collective::AllGatherV => comm.all_gather_v(&x, &mut y, &usz(&case.per_rank()))?,
-        Collective::ReduceScatterV => comm.reduce_scatter_v(&x, &mut y, &usz(&case.per_rank()), &op)?,
-        Collective::AllToAllV => {
-            let m: Vec<Vec<usize>> = case.per_pair().iter().map(|r| usz(r)).collect();
-            comm.all_to_all_v(&x, &mut y, &m)?
-        }
-    }
+    call_out_of_place(comm, case, &x, &mut y)?;
     *out = to_bytes(&y);
+    Ok(())
+}
+
+/// [`call_typed`] with `CpuSymmetricBuffer`s (allocated per call: a collective call itself;
+/// the V in-place forms use a byte buffer, as the byte API takes).
+fn call_symmetric<T: CpuType>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+    if case.in_place {
+        let host = in_place_buffer(case, comm.rank(), input, out);
+        let mut buf = comm.alloc_symmetric::<T>(host.len() / std::mem::size_of::<T>())?;
+        buf.copy_from_host(&from_bytes(&host))?;
+        match call_in_place(comm, case, &mut buf) {
+            Some(r) => r?,
+            None => {
+                let mut bytes = comm.alloc_symmetric::<u8>(host.len())?;
+                bytes.copy_from_host(&host)?;
+                comm.execute_bytes_in_place(&spec_of(case), &mut bytes)?;
+                *out = bytes.to_vec();
+                return Ok(());
+            }
+        }
+        *out = to_bytes(&buf.to_vec());
+        return Ok(());
+    }
+    let mut x = comm.alloc_symmetric::<T>(input.len() / std::mem::size_of::<T>())?;
+    x.copy_from_host(&from_bytes(input))?;
+    let mut y = comm.alloc_symmetric::<T>(out.len() / std::mem::size_of::<T>())?;
+    y.copy_from_host(&from_bytes(out))?;
+    call_out_of_place(comm, case, &x, &mut y)?;
+    *out = to_bytes(&y.to_vec());
     Ok(())
 }
 

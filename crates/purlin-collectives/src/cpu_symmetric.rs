@@ -1,0 +1,302 @@
+//! Host symmetric memory: the [`crate::CpuComm`] twin of [`crate::SymmetricBuffer`], so the
+//! one-copy plans (peers store straight into every rank's output, or reduce straight from
+//! every rank's input; [`crate::symmetric`] says which collectives) run on the host executor
+//! through the public API, not only in its tests.
+//!
+//! Every rank of a world allocates one together ([`crate::CpuComm::alloc_symmetric`]), and
+//! peers write into a rank's buffer *during* a collective call. A `&mut [T]` cannot be such a
+//! buffer: its borrow promises the call that nobody else touches the memory. So the memory is
+//! a [`CpuSymmetricBuffer`] that owns it behind `UnsafeCell`s, and the collectives take any
+//! [`CpuBuffer`] / [`CpuBufferMut`]: a slice, a `Vec`, an array, or a symmetric buffer.
+//!
+//! Who touches a rank's memory when:
+//! - between calls, only its owner, through [`CpuSymmetricBuffer::copy_from_host`],
+//!   [`CpuSymmetricBuffer::copy_to_host`] and [`CpuSymmetricBuffer::to_vec`], each under the
+//!   rank's lock held exclusively for the copy;
+//! - during a call, the executor threads of every rank in a call that passed this
+//!   allocation, each call holding every rank's lock shared for its whole run, in the order
+//!   the plan's flags and counters give (proved race-free by the verifier, as for staging).
+//!
+//! So an owner's copy never overlaps a call that uses the allocation, on any rank: a rank that
+//! copies while a peer is still in a call waits for that call (bounded by the timeout). As
+//! with NCCL, every rank must make the same calls with symmetric buffers in the same roles; a
+//! rank that passes plain memory runs the staged plan and the call ends in a timeout on every
+//! rank, not in corrupted memory.
+//!
+//! The memory is freed when the last rank's handle is dropped (there is no separate free:
+//! peers' calls reach a rank's memory through their own handles, which keep it alive).
+
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use crate::cpu::CpuType;
+use crate::error::Error;
+
+/// One rank's bytes of a symmetric allocation.
+struct Slot {
+    /// `u64` words, so the bytes are 8-aligned (every [`CpuType`] needs at most 8).
+    words: Box<[UnsafeCell<u64>]>,
+    /// Calls hold it shared for their run; the owner's copies hold it exclusively.
+    lock: RwLock<()>,
+}
+
+impl Slot {
+    fn ptr(&self) -> *mut u8 {
+        // `UnsafeCell<u64>` has the layout of `u64` and the slice is contiguous, so the cell
+        // pointer of the first word addresses all of them.
+        UnsafeCell::raw_get(self.words.as_ptr()).cast::<u8>()
+    }
+}
+
+/// One symmetric allocation: every rank's bytes, shared by every rank's handle.
+pub(crate) struct SymmetricAlloc {
+    /// The world that made it (compared by address with the communicator's own token).
+    world: Arc<()>,
+    /// Bytes per rank.
+    bytes: usize,
+    slots: Box<[Slot]>,
+}
+
+// SAFETY: the words are only reached through raw pointers: by the owner's copies under the
+// slot's lock held exclusively, and by calls under every slot's lock held shared, whose
+// accesses the plan orders with release/acquire atomics (the verifier proves that order
+// race-free, as for the host executor's staging).
+unsafe impl Sync for SymmetricAlloc {}
+// SAFETY: the allocation owns plain words; no thread identity is tied to them.
+unsafe impl Send for SymmetricAlloc {}
+
+impl std::fmt::Debug for SymmetricAlloc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SymmetricAlloc").field("bytes", &self.bytes).field("ranks", &self.slots.len()).finish()
+    }
+}
+
+impl SymmetricAlloc {
+    /// Zeroed memory of `bytes` per rank for `world` ranks; an allocation the process cannot
+    /// make is an error, not an abort.
+    pub(crate) fn zeroed(world_token: Arc<()>, world: usize, bytes: usize) -> Result<Self, Error> {
+        let words = bytes.div_ceil(8);
+        let too_big = || Error::InvalidArgument(format!("cannot allocate {world} symmetric buffers of {bytes} bytes"));
+        if words.checked_mul(world).and_then(|w| w.checked_mul(8)).is_none_or(|b| b > isize::MAX as usize) {
+            return Err(too_big());
+        }
+        let mut slots = Vec::with_capacity(world);
+        for _ in 0..world {
+            let mut v: Vec<UnsafeCell<u64>> = Vec::new();
+            v.try_reserve_exact(words).map_err(|_| too_big())?;
+            v.resize_with(words, || UnsafeCell::new(0));
+            slots.push(Slot { words: v.into_boxed_slice(), lock: RwLock::new(()) });
+        }
+        Ok(Self { world: world_token, bytes, slots: slots.into_boxed_slice() })
+    }
+
+    /// Bytes per rank.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether `token` is the world that made this allocation.
+    pub(crate) fn belongs_to(&self, token: &Arc<()>) -> bool {
+        Arc::ptr_eq(&self.world, token)
+    }
+
+    /// Rank `rank`'s bytes (`rank` < world).
+    pub(crate) fn base(&self, rank: usize) -> *mut u8 {
+        self.slots[rank].ptr()
+    }
+
+    /// Holds every rank's lock shared for a call: no owner copies into or out of this
+    /// allocation, on any rank, until the guards drop.
+    pub(crate) fn enter_call(&self) -> Vec<RwLockReadGuard<'_, ()>> {
+        self.slots.iter().map(|s| s.lock.read().unwrap_or_else(|e| e.into_inner())).collect()
+    }
+}
+
+/// `len` elements of `T` of one rank, allocated by every rank of a [`crate::CpuComm`] world
+/// at once ([`crate::CpuComm::alloc_symmetric`]) and written by peers during collective calls
+/// that take the one-copy path. Pass it wherever a collective takes a buffer; read and write
+/// it between calls with [`Self::copy_from_host`], [`Self::copy_to_host`] and
+/// [`Self::to_vec`] (like `cudarc`'s `memcpy_htod` / `memcpy_dtoh` for a
+/// [`crate::SymmetricBuffer`]).
+pub struct CpuSymmetricBuffer<T> {
+    alloc: Arc<SymmetricAlloc>,
+    rank: usize,
+    len: usize,
+    /// Only a label: the elements live in `alloc` as words.
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for CpuSymmetricBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuSymmetricBuffer")
+            .field("rank", &self.rank)
+            .field("len", &self.len)
+            .field("elem", &std::any::type_name::<T>())
+            .finish()
+    }
+}
+
+impl<T: CpuType> CpuSymmetricBuffer<T> {
+    pub(crate) fn new(alloc: Arc<SymmetricAlloc>, rank: usize, len: usize) -> Self {
+        Self { alloc, rank, len, _elem: PhantomData }
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The rank whose memory this is.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn check_len(&self, other: usize, what: &str) -> Result<(), Error> {
+        if other != self.len {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: a host slice of {other} elements for a symmetric buffer of {}",
+                self.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes `src` (exactly [`Self::len`] elements) into this rank's memory, once no call
+    /// that uses the allocation is running on any rank.
+    pub fn copy_from_host(&mut self, src: &[T]) -> Result<(), Error> {
+        self.check_len(src.len(), "copy_from_host")?;
+        let slot = &self.alloc.slots[self.rank];
+        let _owner = slot.lock.write().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the slot holds at least `len × size_of::<T>()` bytes (allocated for this
+        // length), 8-aligned; the exclusive lock keeps every call (the only other accessors)
+        // out of it; `src` is a distinct host slice, so the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), slot.ptr(), std::mem::size_of_val(src)) };
+        Ok(())
+    }
+
+    /// Reads this rank's memory into `dst` (exactly [`Self::len`] elements), once no call that
+    /// uses the allocation is running on any rank.
+    pub fn copy_to_host(&self, dst: &mut [T]) -> Result<(), Error> {
+        self.check_len(dst.len(), "copy_to_host")?;
+        let slot = &self.alloc.slots[self.rank];
+        let _owner = slot.lock.write().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: as in `copy_from_host`; every byte pattern is a valid `CpuType` value.
+        unsafe { std::ptr::copy_nonoverlapping(slot.ptr(), dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst)) };
+        Ok(())
+    }
+
+    /// This rank's memory as a vector.
+    pub fn to_vec(&self) -> Vec<T> {
+        let mut out: Vec<T> = Vec::with_capacity(self.len);
+        let slot = &self.alloc.slots[self.rank];
+        let _owner = slot.lock.write().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `out` has capacity for `len` elements; the slot holds their bytes (as in
+        // `copy_from_host`), every byte pattern is a valid `CpuType`, so after the copy the
+        // first `len` elements are initialized.
+        unsafe {
+            std::ptr::copy_nonoverlapping(slot.ptr(), out.as_mut_ptr().cast::<u8>(), self.len * size_of::<T>());
+            out.set_len(self.len);
+        }
+        out
+    }
+}
+
+/// Where a call's buffer lies, as the host communicator needs it.
+pub(crate) mod region {
+    use super::SymmetricAlloc;
+
+    /// A buffer's bytes, and its allocation and rank where it is a symmetric buffer.
+    #[derive(Debug, Clone, Copy)]
+    pub struct HostRegion<'a> {
+        pub(crate) ptr: *mut u8,
+        pub(crate) bytes: usize,
+        pub(crate) symmetric: Option<(&'a SymmetricAlloc, usize)>,
+    }
+
+    /// Sealed: what makes a type a [`super::CpuBuffer`].
+    pub trait Readable<T> {
+        /// The bytes a call may read for as long as `self` is borrowed.
+        fn host_region(&self) -> HostRegion<'_>;
+    }
+
+    /// Sealed: what makes a type a [`super::CpuBufferMut`].
+    pub trait Writable<T> {
+        /// The bytes a call may write for as long as `self` is borrowed mutably.
+        fn host_region_mut(&mut self) -> HostRegion<'_>;
+    }
+}
+use region::{HostRegion, Readable, Writable};
+
+/// A buffer a host collective reads: `[T]`, `Vec<T>`, `[T; N]` or a [`CpuSymmetricBuffer`]
+/// (the host twin of cudarc's `DevicePtr`). Sealed.
+pub trait CpuBuffer<T: CpuType>: Readable<T> {}
+
+/// A buffer a host collective writes (the host twin of cudarc's `DevicePtrMut`). Sealed.
+pub trait CpuBufferMut<T: CpuType>: CpuBuffer<T> + Writable<T> {}
+
+fn plain<T>(s: &[T]) -> HostRegion<'_> {
+    HostRegion { ptr: s.as_ptr().cast::<u8>().cast_mut(), bytes: std::mem::size_of_val(s), symmetric: None }
+}
+
+fn plain_mut<T>(s: &mut [T]) -> HostRegion<'_> {
+    HostRegion { ptr: s.as_mut_ptr().cast::<u8>(), bytes: std::mem::size_of_val(s), symmetric: None }
+}
+
+impl<T: CpuType> Readable<T> for [T] {
+    fn host_region(&self) -> HostRegion<'_> {
+        plain(self)
+    }
+}
+impl<T: CpuType> Writable<T> for [T] {
+    fn host_region_mut(&mut self) -> HostRegion<'_> {
+        plain_mut(self)
+    }
+}
+impl<T: CpuType> CpuBuffer<T> for [T] {}
+impl<T: CpuType> CpuBufferMut<T> for [T] {}
+
+impl<T: CpuType> Readable<T> for Vec<T> {
+    fn host_region(&self) -> HostRegion<'_> {
+        plain(self)
+    }
+}
+impl<T: CpuType> Writable<T> for Vec<T> {
+    fn host_region_mut(&mut self) -> HostRegion<'_> {
+        plain_mut(self)
+    }
+}
+impl<T: CpuType> CpuBuffer<T> for Vec<T> {}
+impl<T: CpuType> CpuBufferMut<T> for Vec<T> {}
+
+impl<T: CpuType, const N: usize> Readable<T> for [T; N] {
+    fn host_region(&self) -> HostRegion<'_> {
+        plain(self)
+    }
+}
+impl<T: CpuType, const N: usize> Writable<T> for [T; N] {
+    fn host_region_mut(&mut self) -> HostRegion<'_> {
+        plain_mut(self)
+    }
+}
+impl<T: CpuType, const N: usize> CpuBuffer<T> for [T; N] {}
+impl<T: CpuType, const N: usize> CpuBufferMut<T> for [T; N] {}
+
+impl<T: CpuType> Readable<T> for CpuSymmetricBuffer<T> {
+    fn host_region(&self) -> HostRegion<'_> {
+        let bytes = self.len * size_of::<T>();
+        HostRegion { ptr: self.alloc.base(self.rank), bytes, symmetric: Some((&self.alloc, self.rank)) }
+    }
+}
+impl<T: CpuType> Writable<T> for CpuSymmetricBuffer<T> {
+    fn host_region_mut(&mut self) -> HostRegion<'_> {
+        self.host_region()
+    }
+}
+impl<T: CpuType> CpuBuffer<T> for CpuSymmetricBuffer<T> {}
+impl<T: CpuType> CpuBufferMut<T> for CpuSymmetricBuffer<T> {}

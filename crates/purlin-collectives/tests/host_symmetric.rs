@@ -1,0 +1,182 @@
+//! Symmetric buffers on the host executor (`CpuComm::alloc_symmetric`): every collective takes
+//! the one-copy plan where its buffers are symmetric on every rank, and its outputs match the
+//! independent reference of `host_collectives_support`; the rendezvous, ownership and length
+//! checks are typed errors that touch nothing.
+
+#[path = "host_collectives_support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use purlin_collectives::cpu::{CpuComm, CpuConfig, CpuSymmetricBuffer};
+use purlin_collectives::{Error, ReduceOp};
+use purlin_snac::{Collective, DataType, ReductionMode};
+use support::*;
+
+/// Runs `case` and returns, per rank, whether its call ran a one-copy plan.
+fn run_and_report(comms: &[CpuComm], case: &Case) -> Vec<bool> {
+    if let Err(e) = run_case_on(comms, case) {
+        panic!("{}: {e}", case.name());
+    }
+    comms.iter().map(|c| c.last_call().expect("a call ran").one_copy).collect()
+}
+
+fn cases(world: usize, setup: Setup, n: u64) -> Vec<Case> {
+    let mut out = vec![];
+    for c in Collective::ALL {
+        let typed: &[(DataType, Option<ReduceOp>)] = if is_reduce(c) {
+            &[(DataType::F32, Some(ReduceOp::Sum)), (DataType::Bf16, Some(ReduceOp::Avg)), (DataType::I32, Some(ReduceOp::Max))]
+        } else {
+            &[(DataType::F32, None), (DataType::U8, None)]
+        };
+        for &(dtype, op) in typed {
+            let shape = Shape::uniform_w(c, n, world as u64);
+            let case = Case::new(c, world, dtype, op, ReductionMode::Deterministic, shape, setup).symmetric();
+            if !matches!(c, Collective::AllToAll | Collective::AllToAllV) {
+                out.push(case.clone().in_place());
+            }
+            out.push(case);
+        }
+    }
+    out
+}
+
+#[test]
+fn every_collective_runs_one_copy_on_symmetric_buffers() {
+    let mut ran = 0;
+    for (world, setup, n) in [(2, Setup::ThroughputOwn, 300), (3, Setup::ThroughputPeer, 1001), (4, Setup::ThroughputOwn, 77)] {
+        let comms = comms(world, setup, ReductionMode::Deterministic);
+        for case in cases(world, setup, n) {
+            let one_copy = run_and_report(&comms, &case);
+            assert!(one_copy.iter().all(|&x| x), "{}: one-copy per rank {one_copy:?}", case.name());
+            ran += 1;
+        }
+    }
+    println!("{ran} one-copy cases matched the reference");
+}
+
+#[test]
+fn symmetric_buffers_in_the_latency_regime_run_the_packet_plans() {
+    let comms = comms(3, Setup::Latency, ReductionMode::Deterministic);
+    for case in cases(3, Setup::Latency, 5) {
+        let one_copy = run_and_report(&comms, &case);
+        assert!(one_copy.iter().all(|&x| !x), "{}: one-copy per rank {one_copy:?}", case.name());
+    }
+}
+
+/// Runs `f(rank, comm)` on a thread per rank and returns the results in rank order.
+fn on_every_rank<R: Send>(comms: &[CpuComm], f: impl Fn(usize, &CpuComm) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = comms.iter().enumerate().map(|(r, c)| s.spawn(move || f(r, c))).collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    })
+}
+
+fn short_timeout(world: usize) -> Vec<CpuComm> {
+    let config = CpuConfig { timeout: Duration::from_millis(300), ..config(Setup::ThroughputOwn, ReductionMode::Deterministic) };
+    CpuComm::threads_with_config(world, config).expect("host communicators")
+}
+
+#[test]
+fn ranks_that_ask_for_different_sizes_all_get_a_mismatch_and_stay_in_step() {
+    let comms = short_timeout(3);
+    let first = on_every_rank(&comms, |r, c| c.alloc_symmetric::<f32>(if r == 2 { 9 } else { 8 }).map(|b| b.len()));
+    for (r, got) in first.iter().enumerate() {
+        match got {
+            Err(Error::Mismatch { rank, peer, what }) => {
+                assert_eq!(*rank, r);
+                assert!(what.contains("36 bytes") || what.contains("32 bytes"), "{what}");
+                assert_ne!(*peer, r);
+            }
+            other => panic!("rank {r}: expected a size mismatch, got {other:?}"),
+        }
+    }
+    // The next allocation of every rank meets the others' next one.
+    let second = on_every_rank(&comms, |_, c| c.alloc_symmetric::<f32>(5).map(|b| b.len()));
+    assert!(second.iter().all(|x| matches!(x, Ok(5))), "{second:?}");
+}
+
+#[test]
+fn a_rank_that_never_allocates_is_a_timeout_and_the_late_one_hears_of_it() {
+    let comms = short_timeout(2);
+    match comms[0].alloc_symmetric::<u32>(4) {
+        Err(Error::Timeout { rank: 0, peer: 1, .. }) => {}
+        other => panic!("expected a timeout naming rank 1, got {other:?}"),
+    }
+    match comms[1].alloc_symmetric::<u32>(4) {
+        Err(Error::PeerFailed { rank: 1, peer: 0, .. }) => {}
+        other => panic!("expected rank 0's failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn copies_check_lengths_and_round_trip() {
+    let comms = short_timeout(2);
+    let mut bufs = on_every_rank(&comms, |_, c| c.alloc_symmetric::<i32>(6).expect("allocation"));
+    let b: &mut CpuSymmetricBuffer<i32> = &mut bufs[1];
+    assert_eq!(b.to_vec(), vec![0; 6], "symmetric memory starts zeroed");
+    assert!(matches!(b.copy_from_host(&[1, 2, 3]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(b.copy_to_host(&mut [0; 7]), Err(Error::InvalidArgument(_))));
+    assert_eq!(b.to_vec(), vec![0; 6], "a refused copy wrote nothing");
+    b.copy_from_host(&[1, -2, 3, -4, 5, -6]).expect("copy in");
+    let mut back = [0; 6];
+    b.copy_to_host(&mut back).expect("copy out");
+    assert_eq!(back, [1, -2, 3, -4, 5, -6]);
+    assert_eq!(bufs[0].to_vec(), vec![0; 6], "rank 0's memory is its own");
+}
+
+#[test]
+fn another_ranks_or_worlds_handle_is_refused_before_anything_runs() {
+    let comms = short_timeout(2);
+    let other = short_timeout(2);
+    let mut mine = on_every_rank(&comms, |_, c| c.alloc_symmetric::<f32>(8).expect("allocation"));
+    let mut foreign = on_every_rank(&other, |_, c| c.alloc_symmetric::<f32>(8).expect("allocation"));
+    let send = vec![1.0f32; 8];
+    let (rank0, rank1) = mine.split_at_mut(1);
+    match comms[0].all_reduce(&send, &mut rank1[0], &ReduceOp::Sum) {
+        Err(Error::InvalidArgument(why)) => assert!(why.contains("rank 1's handle"), "{why}"),
+        other => panic!("expected rank 1's handle to be refused on rank 0, got {other:?}"),
+    }
+    match comms[0].all_reduce(&send, &mut foreign[0], &ReduceOp::Sum) {
+        Err(Error::InvalidArgument(why)) => assert!(why.contains("another communicator"), "{why}"),
+        other => panic!("expected another world's buffer to be refused, got {other:?}"),
+    }
+    assert_eq!(rank0[0].to_vec(), vec![0.0; 8]);
+    assert_eq!(foreign[0].to_vec(), vec![0.0; 8], "a refused call wrote nothing");
+    // Nothing was signalled: a proper call on both ranks still works.
+    let results = on_every_rank(&comms, |r, c| {
+        let mut out = vec![0.0f32; 8];
+        c.all_reduce(&vec![r as f32 + 1.0; 8], &mut out, &ReduceOp::Sum).map(|()| out)
+    });
+    for got in results {
+        assert_eq!(got.expect("call after the refusals"), vec![3.0; 8]);
+    }
+}
+
+#[test]
+fn one_rank_with_plain_buffers_ends_in_a_timeout_not_in_corrupted_memory() {
+    let comms = short_timeout(2);
+    let n = 4096;
+    let mut outs = on_every_rank(&comms, |_, c| c.alloc_symmetric::<f32>(2 * n).expect("allocation"));
+    let (out0, out1) = outs.split_at_mut(1);
+    let out0 = std::sync::Mutex::new(&mut out0[0]);
+    // Rank 0 passes its symmetric output (the one-copy plan), rank 1 a plain one (staged).
+    let results = on_every_rank(&comms, |r, c| {
+        let input = vec![r as f32 + 1.0; n];
+        if r == 0 {
+            let mut guard = out0.lock().expect("rank 0's buffer");
+            c.all_gather(&input, &mut **guard)
+        } else {
+            c.all_gather(&input, &mut vec![0.0f32; 2 * n])
+        }
+    });
+    for (r, got) in results.iter().enumerate() {
+        assert!(
+            matches!(got, Err(Error::Timeout { .. } | Error::Poisoned(_))),
+            "rank {r}: expected a timeout, got {got:?}"
+        );
+    }
+    assert!(comms[1].async_error().is_err(), "the world is poisoned after the expired waits");
+    assert_eq!(out1[0].to_vec(), vec![0.0; 2 * n], "rank 1's symmetric memory was not written");
+}
