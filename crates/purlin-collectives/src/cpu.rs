@@ -27,16 +27,15 @@
 //! [`CpuConfig::timeout`] ([`Error::Timeout`]) and the world is poisoned (every later call
 //! returns [`Error::Poisoned`]) — as with NCCL, every rank must make the same calls.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use purlin_atom::{F8E4M3, F8E5M2};
 use purlin_snac::verify::Options;
 use purlin_snac::{CollectiveSpec, ConsumeOp, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
 
 use crate::comm::ReduceOp;
-use crate::cpu_symmetric::SymmetricAlloc;
+use crate::cpu_symmetric::{Meetings, SymmetricAlloc};
 use crate::cpu_symmetric::region::HostRegion;
 pub use crate::cpu_symmetric::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer};
 use crate::error::Error;
@@ -205,27 +204,37 @@ struct Shared {
     /// This world's identity, which its symmetric allocations carry.
     token: Arc<()>,
     /// Where ranks meet to allocate symmetric buffers.
-    allocs: Mutex<Meetings>,
-    allocs_arrived: Condvar,
+    allocs: Meetings<usize, AllocOutcome>,
+    /// Where ranks meet before a call with symmetric buffers, to check it is the same call.
+    symmetric_calls: Meetings<SymmetricCall, Vec<SymmetricCall>>,
 }
 
-/// The symmetric allocations being made: each rank's `k`-th call of
-/// [`CpuComm::alloc_symmetric`] meets every other rank's `k`-th.
-struct Meetings {
-    /// Per rank: the index of its next allocation.
-    next: Vec<u64>,
-    open: HashMap<u64, Meeting>,
+/// What every rank of an allocation meeting returns.
+#[derive(Clone)]
+enum AllocOutcome {
+    Made(Arc<SymmetricAlloc>),
+    /// Ranks asked for different sizes (bytes, in rank order).
+    Sizes(Vec<usize>),
+    /// The process could not allocate the memory.
+    Memory(String),
 }
 
-struct Meeting {
-    /// Per rank: the bytes it asked for, once it arrived.
-    bytes: Vec<Option<usize>>,
-    /// Made by the first rank to see every rank arrived: the allocation, or why none.
-    outcome: Option<Result<Arc<SymmetricAlloc>, MeetingFailure>>,
-    /// The rank whose wait expired before every rank arrived, and what it reported.
-    abandoned: Option<(usize, String)>,
-    /// Ranks that have left with an outcome (the meeting is dropped when all have).
-    left: usize,
+/// What a rank's call with symmetric buffers is: every rank's must be equal.
+#[derive(Clone, PartialEq, Eq)]
+struct SymmetricCall {
+    spec: CollectiveSpec,
+    in_place: bool,
+    /// The allocation of the input and of the output, where symmetric ([`SymmetricAlloc::id`]).
+    input: Option<usize>,
+    output: Option<usize>,
+}
+
+impl SymmetricCall {
+    fn describe(&self) -> String {
+        let role = |a: Option<usize>| a.map_or("plain".to_string(), |id| format!("symmetric allocation {id:#x}"));
+        let place = if self.in_place { "in place" } else { "out of place" };
+        format!("{:?} {place}, input {}, output {}", self.spec, role(self.input), role(self.output))
+    }
 }
 
 /// A host communicator: one rank of a world of threads in this process.
@@ -246,15 +255,26 @@ impl std::fmt::Debug for CpuComm {
 struct PeerRegions<'a> {
     inputs: Option<[(*mut u8, usize); crate::exec_device::MAX_WORLD]>,
     outputs: Option<[(*mut u8, usize); crate::exec_device::MAX_WORLD]>,
-    allocs: Vec<&'a SymmetricAlloc>,
+    /// The allocations of the input and the output ([`SymmetricAlloc::id`]), where symmetric.
+    input_alloc: Option<usize>,
+    output_alloc: Option<usize>,
+    _regions: std::marker::PhantomData<&'a SymmetricAlloc>,
 }
 
-/// Why every rank of a meeting got no allocation.
-enum MeetingFailure {
-    /// Ranks asked for different sizes.
-    Sizes,
-    /// The process could not allocate the memory.
-    Memory(String),
+/// Every rank's bytes of a symmetric buffer as the host executor addresses them, and the
+/// buffer's allocation ([`SymmetricAlloc::id`]).
+type Symmetric = ([(*mut u8, usize); crate::exec_device::MAX_WORLD], usize);
+
+impl PeerRegions<'_> {
+    fn new(inputs: Option<Symmetric>, outputs: Option<Symmetric>) -> Self {
+        PeerRegions {
+            inputs: inputs.map(|x| x.0),
+            outputs: outputs.map(|x| x.0),
+            input_alloc: inputs.map(|x| x.1),
+            output_alloc: outputs.map(|x| x.1),
+            _regions: std::marker::PhantomData,
+        }
+    }
 }
 
 /// A call's buffers: the regions of the borrows the call holds until it returns.
@@ -303,8 +323,8 @@ impl CpuComm {
             busy: (0..world).map(|_| Mutex::new(())).collect(),
             last: (0..world).map(|_| Mutex::new(None)).collect(),
             token: Arc::new(()),
-            allocs: Mutex::new(Meetings { next: vec![0; world], open: HashMap::new() }),
-            allocs_arrived: Condvar::new(),
+            allocs: Meetings::new(world),
+            symmetric_calls: Meetings::new(world),
         });
         Ok((0..world).map(|rank| CpuComm { rank, shared: shared.clone() }).collect())
     }
@@ -352,64 +372,28 @@ impl CpuComm {
         let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
             Error::InvalidArgument(format!("a symmetric buffer of {len} elements of {} bytes", size_of::<T>()))
         })?;
-        let mut meetings = sh.allocs.lock().unwrap_or_else(|e| e.into_inner());
-        let index = meetings.next[rank];
-        meetings.next[rank] += 1;
-        let meeting = meetings.open.entry(index).or_insert_with(|| Meeting {
-            bytes: vec![None; world],
-            outcome: None,
-            abandoned: None,
-            left: 0,
-        });
-        meeting.bytes[rank] = Some(bytes);
-        sh.allocs_arrived.notify_all();
-        let deadline = Instant::now() + sh.config.timeout;
-        let outcome = loop {
-            let meeting = meetings.open.get_mut(&index).ok_or_else(|| internal(rank as u32, "lost a meeting".into()))?;
-            if let Some((peer, error)) = &meeting.abandoned {
-                break Err(Error::PeerFailed { rank, peer: *peer, during: DURING.into(), error: error.clone() });
+        let token = &sh.token;
+        let outcome = sh.allocs.meet(rank, bytes, sh.config.timeout, DURING, |sizes| {
+            if sizes.iter().any(|&b| b != sizes[0]) {
+                return AllocOutcome::Sizes(sizes.to_vec());
             }
-            if meeting.bytes.iter().all(Option::is_some) {
-                let sizes: Vec<usize> = meeting.bytes.iter().flatten().copied().collect();
-                let made = meeting.outcome.get_or_insert_with(|| {
-                    if sizes.iter().any(|&b| b != bytes) {
-                        return Err(MeetingFailure::Sizes);
-                    }
-                    SymmetricAlloc::zeroed(sh.token.clone(), world, bytes)
-                        .map(Arc::new)
-                        .map_err(|e| MeetingFailure::Memory(e.to_string()))
-                });
-                break match made {
-                    Ok(alloc) => Ok(CpuSymmetricBuffer::new(alloc.clone(), rank, len)),
-                    Err(MeetingFailure::Memory(why)) => Err(Error::InvalidArgument(why.clone())),
-                    Err(MeetingFailure::Sizes) => {
-                        let peer = sizes.iter().position(|&b| b != bytes).unwrap_or(0);
-                        Err(Error::Mismatch {
-                            rank,
-                            peer,
-                            what: format!("symmetric buffer size: {bytes} bytes here, {} there", sizes[peer]),
-                        })
-                    }
-                };
+            match SymmetricAlloc::zeroed(token.clone(), world, bytes) {
+                Ok(alloc) => AllocOutcome::Made(Arc::new(alloc)),
+                Err(e) => AllocOutcome::Memory(e.to_string()),
             }
-            let now = Instant::now();
-            if now >= deadline {
-                let peer = meeting.bytes.iter().position(Option::is_none).unwrap_or(0);
-                let waited = sh.config.timeout;
-                let error = Error::Timeout { rank, peer, waited, during: DURING.into() };
-                meeting.abandoned = Some((rank, error.to_string()));
-                sh.allocs_arrived.notify_all();
-                break Err(error);
-            }
-            meetings = sh.allocs_arrived.wait_timeout(meetings, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
-        };
-        if let Some(meeting) = meetings.open.get_mut(&index) {
-            meeting.left += 1;
-            if meeting.left == world {
-                meetings.open.remove(&index);
+        })?;
+        match outcome {
+            AllocOutcome::Made(alloc) => Ok(CpuSymmetricBuffer::new(alloc, rank, len)),
+            AllocOutcome::Memory(why) => Err(Error::InvalidArgument(why)),
+            AllocOutcome::Sizes(sizes) => {
+                let peer = sizes.iter().position(|&b| b != bytes).unwrap_or(0);
+                Err(Error::Mismatch {
+                    rank,
+                    peer,
+                    what: format!("symmetric buffer size: {bytes} bytes here, {} there", sizes[peer]),
+                })
             }
         }
-        outcome
     }
 
     fn world_u32(&self) -> u32 {
@@ -569,10 +553,9 @@ impl CpuComm {
     /// of `Comm::peer_buffers`, checking in addition that a buffer is this rank's handle of an
     /// allocation of this world.
     fn peer_buffers<'a>(&self, spec: &CollectiveSpec, bufs: &Bufs<'a>) -> Result<PeerRegions<'a>, Error> {
-        let mut peers = PeerRegions::default();
         // Every rank's base of `region`'s allocation, each of which must hold `need(rank)`
         // bytes (peers access every rank's), shifted by `shift(rank)`.
-        let mut at = |region: &HostRegion<'a>, need: &dyn Fn(u32) -> u64, shift: &dyn Fn(u32) -> u64, what: &str| {
+        let at = |region: &HostRegion<'a>, need: &dyn Fn(u32) -> u64, shift: &dyn Fn(u32) -> u64, what: &str| {
             let Some((alloc, owner)) = region.symmetric else { return Ok(None) };
             if !alloc.belongs_to(&self.shared.token) {
                 return Err(Error::InvalidArgument(format!(
@@ -600,16 +583,13 @@ impl CpuComm {
                 // so the pointer stays inside rank `q`'s bytes (or one past their end).
                 *b = (unsafe { alloc.base(q).add(off) }, alloc.bytes() - off);
             }
-            if !peers.allocs.iter().any(|a| std::ptr::eq(*a, alloc)) {
-                peers.allocs.push(alloc);
-            }
-            Ok(Some(bases))
+            Ok(Some((bases, alloc.id())))
         };
         match bufs {
             Bufs::Separate(input, output) => {
                 let inputs = at(input, &|q| spec.input_bytes(q), &|_| 0, "input")?;
                 let outputs = at(output, &|q| spec.output_bytes(q), &|_| 0, "output")?;
-                (peers.inputs, peers.outputs) = (inputs, outputs);
+                Ok(PeerRegions::new(inputs, outputs))
             }
             Bufs::InPlace(buf) => {
                 // (input offset, output offset) of rank `q`'s buffer.
@@ -624,10 +604,34 @@ impl CpuComm {
                 };
                 let inputs = at(buf, &need, &|q| offsets(q).0, "buffer")?;
                 let outputs = at(buf, &need, &|q| offsets(q).1, "buffer")?;
-                (peers.inputs, peers.outputs) = (inputs, outputs);
+                Ok(PeerRegions::new(inputs, outputs))
             }
         }
-        Ok(peers)
+    }
+
+    /// Meets every rank before a call with symmetric buffers and checks they make the same
+    /// call on the same allocations (peers write into this rank's memory only then, see
+    /// [`crate::cpu_symmetric`]). A rank that does not come poisons the world: the calls of
+    /// the ranks that did come are lost, as with an expired executor wait.
+    fn meet_symmetric_call(&self, spec: &CollectiveSpec, in_place: bool, peers: &PeerRegions<'_>) -> Result<(), Error> {
+        const DURING: &str = "checking a call with symmetric buffers";
+        let sh = &*self.shared;
+        let mine = SymmetricCall { spec: spec.clone(), in_place, input: peers.input_alloc, output: peers.output_alloc };
+        let all = match sh.symmetric_calls.meet(self.rank, mine.clone(), sh.config.timeout, DURING, <[_]>::to_vec) {
+            Ok(all) => all,
+            Err(e) => {
+                sh.world.poison();
+                return Err(e);
+            }
+        };
+        match all.iter().position(|c| *c != mine) {
+            None => Ok(()),
+            Some(peer) => Err(Error::Mismatch {
+                rank: self.rank,
+                peer,
+                what: format!("a call with symmetric buffers: here {}, there {}", mine.describe(), all[peer].describe()),
+            }),
+        }
     }
 
     /// Validates, plans, verifies, runs. Nothing is written before every check has passed.
@@ -720,8 +724,9 @@ impl CpuComm {
         if let Some(p) = peers.outputs {
             buffers.peer_outputs = p;
         }
-        // Owners' copies wait until this call has left every symmetric allocation it uses.
-        let _holds: Vec<_> = peers.allocs.iter().map(|a| a.enter_call()).collect();
+        if peers.input_alloc.is_some() || peers.output_alloc.is_some() {
+            self.meet_symmetric_call(&spec, in_place, &peers)?;
+        }
         sh.world.execute(&plan, buffers, false)?;
         *sh.last[self.rank].lock().unwrap_or_else(|e| e.into_inner()) = Some(CallInfo {
             spec,

@@ -10,25 +10,29 @@
 //! [`CpuBuffer`] / [`CpuBufferMut`]: a slice, a `Vec`, an array, or a symmetric buffer.
 //!
 //! Who touches a rank's memory when:
-//! - between calls, only its owner, through [`CpuSymmetricBuffer::copy_from_host`],
-//!   [`CpuSymmetricBuffer::copy_to_host`] and [`CpuSymmetricBuffer::to_vec`], each under the
-//!   rank's lock held exclusively for the copy;
-//! - during a call, the executor threads of every rank in a call that passed this
-//!   allocation, each call holding every rank's lock shared for its whole run, in the order
-//!   the plan's flags and counters give (proved race-free by the verifier, as for staging).
+//! - outside its calls, only its owner, through [`CpuSymmetricBuffer::copy_from_host`],
+//!   [`CpuSymmetricBuffer::copy_to_host`] and [`CpuSymmetricBuffer::to_vec`] (the borrow
+//!   checker keeps them out of the owner's own calls that write the buffer);
+//! - during a call, the executor threads of every rank, in the order the plan's flags and
+//!   counters give (proved race-free by the verifier, as for staging), and a peer only between
+//!   this rank's entry into the same call and its exit.
 //!
-//! So an owner's copy never overlaps a call that uses the allocation, on any rank: a rank that
-//! copies while a peer is still in a call waits for that call (bounded by the timeout). As
-//! with NCCL, every rank must make the same calls with symmetric buffers in the same roles; a
-//! rank that passes plain memory runs the staged plan and the call ends in a timeout on every
-//! rank, not in corrupted memory.
+//! That last point needs every rank in the *same* call on the *same* allocations: before a
+//! call that passes symmetric buffers runs, the ranks meet (the `k`-th such call of every rank
+//! meets the others' `k`-th) and compare the call (spec, in place or not) and which
+//! allocation each role uses; any difference is an [`Error::Mismatch`] on every rank before
+//! anything runs. A rank that passes plain memory where the others pass symmetric buffers
+//! never arrives: the others' meeting expires ([`Error::Timeout`]) and poisons the world, as
+//! any missing rank does with NCCL, and no rank's memory is written.
 //!
 //! The memory is freed when the last rank's handle is dropped (there is no separate free:
 //! peers' calls reach a rank's memory through their own handles, which keep it alive).
 
 use std::cell::UnsafeCell;
+use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::cpu::CpuType;
 use crate::error::Error;
@@ -37,8 +41,6 @@ use crate::error::Error;
 struct Slot {
     /// `u64` words, so the bytes are 8-aligned (every [`CpuType`] needs at most 8).
     words: Box<[UnsafeCell<u64>]>,
-    /// Calls hold it shared for their run; the owner's copies hold it exclusively.
-    lock: RwLock<()>,
 }
 
 impl Slot {
@@ -58,10 +60,11 @@ pub(crate) struct SymmetricAlloc {
     slots: Box<[Slot]>,
 }
 
-// SAFETY: the words are only reached through raw pointers: by the owner's copies under the
-// slot's lock held exclusively, and by calls under every slot's lock held shared, whose
-// accesses the plan orders with release/acquire atomics (the verifier proves that order
-// race-free, as for the host executor's staging).
+// SAFETY: the words are only reached through raw pointers: by the owner's copies, which
+// borrow its handle (so never during its own calls that write the buffer), and by the
+// executor threads of calls that every rank entered with the same spec and allocations
+// (checked by the call meeting), in the order the plan gives with release/acquire atomics,
+// a peer only while the owner is in that call (the verifier proves both, as for staging).
 unsafe impl Sync for SymmetricAlloc {}
 // SAFETY: the allocation owns plain words; no thread identity is tied to them.
 unsafe impl Send for SymmetricAlloc {}
@@ -86,7 +89,7 @@ impl SymmetricAlloc {
             let mut v: Vec<UnsafeCell<u64>> = Vec::new();
             v.try_reserve_exact(words).map_err(|_| too_big())?;
             v.resize_with(words, || UnsafeCell::new(0));
-            slots.push(Slot { words: v.into_boxed_slice(), lock: RwLock::new(()) });
+            slots.push(Slot { words: v.into_boxed_slice() });
         }
         Ok(Self { world: world_token, bytes, slots: slots.into_boxed_slice() })
     }
@@ -106,10 +109,9 @@ impl SymmetricAlloc {
         self.slots[rank].ptr()
     }
 
-    /// Holds every rank's lock shared for a call: no owner copies into or out of this
-    /// allocation, on any rank, until the guards drop.
-    pub(crate) fn enter_call(&self) -> Vec<RwLockReadGuard<'_, ()>> {
-        self.slots.iter().map(|s| s.lock.read().unwrap_or_else(|e| e.into_inner())).collect()
+    /// An identity for comparing allocations across ranks (valid while a handle is held).
+    pub(crate) fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 }
 
@@ -167,26 +169,24 @@ impl<T: CpuType> CpuSymmetricBuffer<T> {
         Ok(())
     }
 
-    /// Writes `src` (exactly [`Self::len`] elements) into this rank's memory, once no call
-    /// that uses the allocation is running on any rank.
+    /// Writes `src` (exactly [`Self::len`] elements) into this rank's memory.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<(), Error> {
         self.check_len(src.len(), "copy_from_host")?;
         let slot = &self.alloc.slots[self.rank];
-        let _owner = slot.lock.write().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the slot holds at least `len × size_of::<T>()` bytes (allocated for this
-        // length), 8-aligned; the exclusive lock keeps every call (the only other accessors)
-        // out of it; `src` is a distinct host slice, so the ranges do not overlap.
+        // length), 8-aligned; this rank is in no call (`&mut self`), so no peer touches its
+        // bytes (module docs); `src` is a distinct host slice, so the ranges do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), slot.ptr(), std::mem::size_of_val(src)) };
         Ok(())
     }
 
-    /// Reads this rank's memory into `dst` (exactly [`Self::len`] elements), once no call that
-    /// uses the allocation is running on any rank.
+    /// Reads this rank's memory into `dst` (exactly [`Self::len`] elements).
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<(), Error> {
         self.check_len(dst.len(), "copy_to_host")?;
         let slot = &self.alloc.slots[self.rank];
-        let _owner = slot.lock.write().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: as in `copy_from_host`; every byte pattern is a valid `CpuType` value.
+        // SAFETY: as in `copy_from_host`, but with `&self` a call of this rank may be running
+        // with this buffer as its input, which every rank only reads; every byte pattern is a
+        // valid `CpuType` value.
         unsafe { std::ptr::copy_nonoverlapping(slot.ptr(), dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst)) };
         Ok(())
     }
@@ -195,10 +195,9 @@ impl<T: CpuType> CpuSymmetricBuffer<T> {
     pub fn to_vec(&self) -> Vec<T> {
         let mut out: Vec<T> = Vec::with_capacity(self.len);
         let slot = &self.alloc.slots[self.rank];
-        let _owner = slot.lock.write().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: `out` has capacity for `len` elements; the slot holds their bytes (as in
-        // `copy_from_host`), every byte pattern is a valid `CpuType`, so after the copy the
-        // first `len` elements are initialized.
+        // SAFETY: `out` has capacity for `len` elements; the slot holds their bytes and is
+        // only read concurrently (as in `copy_to_host`); every byte pattern is a valid
+        // `CpuType`, so after the copy the first `len` elements are initialized.
         unsafe {
             std::ptr::copy_nonoverlapping(slot.ptr(), out.as_mut_ptr().cast::<u8>(), self.len * size_of::<T>());
             out.set_len(self.len);
@@ -300,3 +299,95 @@ impl<T: CpuType> Writable<T> for CpuSymmetricBuffer<T> {
 }
 impl<T: CpuType> CpuBuffer<T> for CpuSymmetricBuffer<T> {}
 impl<T: CpuType> CpuBufferMut<T> for CpuSymmetricBuffer<T> {}
+
+/// Where the ranks of one world meet: each rank's `k`-th meeting meets every other rank's
+/// `k`-th, exchanging a payload `P`; the first rank to see every payload decides the outcome
+/// `O` that every rank returns. Used to allocate symmetric buffers and to check that a call
+/// with symmetric buffers is the same call on every rank.
+pub(crate) struct Meetings<P, O> {
+    state: Mutex<MeetingsState<P, O>>,
+    arrived: Condvar,
+}
+
+struct MeetingsState<P, O> {
+    /// Per rank: the index of its next meeting.
+    next: Vec<u64>,
+    open: HashMap<u64, Meeting<P, O>>,
+}
+
+struct Meeting<P, O> {
+    /// Per rank: its payload, once it arrived.
+    payloads: Vec<Option<P>>,
+    outcome: Option<O>,
+    /// The rank whose wait expired before every rank arrived, and what it reported.
+    abandoned: Option<(usize, String)>,
+    /// Ranks that have left (the meeting is dropped when all have).
+    left: usize,
+}
+
+impl<P, O: Clone> Meetings<P, O> {
+    pub(crate) fn new(world: usize) -> Self {
+        Self { state: Mutex::new(MeetingsState { next: vec![0; world], open: HashMap::new() }), arrived: Condvar::new() }
+    }
+
+    /// Rank `rank`'s next meeting: waits up to `timeout` for every rank's payload, then
+    /// returns the outcome `decide` made of them (in rank order). A rank whose wait expires
+    /// returns [`Error::Timeout`] naming the first rank missing, and every rank that comes
+    /// to that meeting later [`Error::PeerFailed`].
+    pub(crate) fn meet(
+        &self,
+        rank: usize,
+        payload: P,
+        timeout: Duration,
+        during: &str,
+        decide: impl FnOnce(&[P]) -> O,
+    ) -> Result<O, Error> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let world = state.next.len();
+        let index = state.next[rank];
+        state.next[rank] += 1;
+        let meeting = state.open.entry(index).or_insert_with(|| Meeting {
+            payloads: (0..world).map(|_| None).collect(),
+            outcome: None,
+            abandoned: None,
+            left: 0,
+        });
+        meeting.payloads[rank] = Some(payload);
+        self.arrived.notify_all();
+        let deadline = Instant::now() + timeout;
+        let mut decide = Some(decide);
+        let result = loop {
+            let Some(meeting) = state.open.get_mut(&index) else {
+                break Err(Error::Protocol { peer: None, what: format!("meeting {index} vanished ({during})") });
+            };
+            if let Some((peer, error)) = &meeting.abandoned {
+                break Err(Error::PeerFailed { rank, peer: *peer, during: during.into(), error: error.clone() });
+            }
+            if meeting.outcome.is_none() && meeting.payloads.iter().all(Option::is_some) {
+                let all: Vec<P> = std::mem::take(&mut meeting.payloads).into_iter().flatten().collect();
+                let decide = decide.take().ok_or_else(|| Error::Protocol { peer: None, what: "decided twice".into() })?;
+                meeting.outcome = Some(decide(&all));
+                self.arrived.notify_all();
+            }
+            if let Some(outcome) = &meeting.outcome {
+                break Ok(outcome.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let peer = meeting.payloads.iter().position(Option::is_none).unwrap_or(0);
+                let error = Error::Timeout { rank, peer, waited: timeout, during: during.into() };
+                meeting.abandoned = Some((rank, error.to_string()));
+                self.arrived.notify_all();
+                break Err(error);
+            }
+            state = self.arrived.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        };
+        if let Some(meeting) = state.open.get_mut(&index) {
+            meeting.left += 1;
+            if meeting.left == world {
+                state.open.remove(&index);
+            }
+        }
+        result
+    }
+}

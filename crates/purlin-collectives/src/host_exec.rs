@@ -188,6 +188,13 @@ impl HostWorld {
         self.ranks[rank].counters[index].load(Ordering::Acquire)
     }
 
+    /// Marks the world poisoned (a rank's wait expired) and wakes every waiter, which then
+    /// fails with [`Error::Poisoned`].
+    pub fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+        self.notify_all();
+    }
+
     fn notify_all(&self) {
         let mut generation = self.wake.0.lock().unwrap_or_else(|e| e.into_inner());
         *generation = generation.wrapping_add(1);
@@ -379,8 +386,7 @@ impl BlockRun<'_> {
         match f {
             WaitFailure::Poisoned => Error::Poisoned(format!("rank {}: another rank's wait expired", self.rank)),
             WaitFailure::Timeout => {
-                self.world.poisoned.store(true, Ordering::Release);
-                self.world.notify_all();
+                self.world.poison();
                 let during = format!(
                     "host executor, block {} step {}{} chunk {}: {what}",
                     self.block,

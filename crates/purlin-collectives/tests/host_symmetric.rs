@@ -180,3 +180,51 @@ fn one_rank_with_plain_buffers_ends_in_a_timeout_not_in_corrupted_memory() {
     assert!(comms[1].async_error().is_err(), "the world is poisoned after the expired waits");
     assert_eq!(out1[0].to_vec(), vec![0.0; 2 * n], "rank 1's symmetric memory was not written");
 }
+
+#[test]
+fn ranks_on_different_allocations_or_calls_all_get_a_mismatch_and_nothing_runs() {
+    let comms = short_timeout(2);
+    let n = 256;
+    let mut xs = on_every_rank(&comms, |_, c| c.alloc_symmetric::<f32>(2 * n).expect("allocation"));
+    let mut ys = on_every_rank(&comms, |_, c| c.alloc_symmetric::<f32>(2 * n).expect("allocation"));
+    let slots: Vec<_> = xs.iter_mut().zip(ys.iter_mut()).map(std::sync::Mutex::new).collect();
+    let expect_mismatch = |results: Vec<Result<(), Error>>| {
+        for (r, got) in results.iter().enumerate() {
+            match got {
+                Err(Error::Mismatch { rank, peer, what }) => {
+                    assert_eq!((*rank, *peer), (r, 1 - r));
+                    assert!(what.contains("symmetric"), "{what}");
+                }
+                other => panic!("rank {r}: expected a mismatch, got {other:?}"),
+            }
+        }
+    };
+    // The same AllGather, rank 0 into X and rank 1 into Y.
+    expect_mismatch(on_every_rank(&comms, |r, c| {
+        let mut pair = slots[r].lock().expect("buffers");
+        let (x, y) = &mut *pair;
+        let out = if r == 0 { &mut **x } else { &mut **y };
+        c.all_gather(&vec![1.0f32; n], out)
+    }));
+    // Both into X, but different calls.
+    expect_mismatch(on_every_rank(&comms, |r, c| {
+        let mut pair = slots[r].lock().expect("buffers");
+        let x = &mut *pair.0;
+        if r == 0 { c.all_gather(&vec![1.0f32; n], x) } else { c.all_reduce_in_place(x, &ReduceOp::Sum) }
+    }));
+    drop(slots);
+    for b in xs.iter().chain(&ys) {
+        assert_eq!(b.to_vec(), vec![0.0; 2 * n], "rank {}: nothing ran", b.rank());
+    }
+    // Not poisoned, and the ranks' meetings are still in step: the same call now runs.
+    assert!(comms[0].async_error().is_ok());
+    let results = on_every_rank(&comms, |r, c| {
+        let mut out = c.alloc_symmetric::<f32>(2 * n)?;
+        c.all_gather(&vec![r as f32 + 1.0; n], &mut out)?;
+        Ok::<_, Error>(out.to_vec())
+    });
+    let want: Vec<f32> = [vec![1.0; n], vec![2.0; n]].concat();
+    for got in results {
+        assert_eq!(got.expect("the matched call"), want);
+    }
+}
