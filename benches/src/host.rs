@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use purlin_collectives::snac::{CollectiveSpec, DataType};
-use purlin_collectives::{CpuComm, CpuConfig};
+use purlin_collectives::{CpuComm, CpuConfig, CpuSymmetricBuffer};
 
 use crate::backend::{Backend, BackendKind, CallError, Status};
 use crate::coord::{Coord, Region};
@@ -73,6 +73,9 @@ pub struct HostPurlin {
     comm: CpuComm,
     send: HostBuffer,
     recv: HostBuffer,
+    /// With `--symmetric`: the send and receive buffers are symmetric memory instead
+    /// (`CpuComm::alloc_symmetric`), so calls that would be staged take the one-copy path.
+    symmetric: Option<(CpuSymmetricBuffer<u8>, CpuSymmetricBuffer<u8>)>,
 }
 
 impl std::fmt::Debug for HostPurlin {
@@ -82,9 +85,25 @@ impl std::fmt::Debug for HostPurlin {
 }
 
 impl HostPurlin {
-    /// Wraps a rank's communicator with buffers for the sweep's largest case.
-    pub fn new(comm: CpuComm, send_bytes: usize, recv_bytes: usize) -> HostPurlin {
-        HostPurlin { comm, send: HostBuffer::new(send_bytes), recv: HostBuffer::new(recv_bytes) }
+    /// Wraps a rank's communicator with buffers for the sweep's largest case; `symmetric`:
+    /// symmetric ones (a collective call: every rank makes its backend at the same point).
+    pub fn new(comm: CpuComm, send_bytes: usize, recv_bytes: usize, symmetric: bool) -> Result<HostPurlin> {
+        let symmetric = if symmetric {
+            let alloc = |bytes: usize| {
+                comm.alloc_symmetric::<u8>(bytes.max(256)).map_err(|e| anyhow!("CpuComm::alloc_symmetric: {e}"))
+            };
+            Some((alloc(send_bytes)?, alloc(recv_bytes)?))
+        } else {
+            None
+        };
+        // With symmetric buffers the plain ones are never used.
+        let plain = |bytes: usize| if symmetric.is_some() { 0 } else { bytes };
+        Ok(HostPurlin {
+            send: HostBuffer::new(plain(send_bytes)),
+            recv: HostBuffer::new(plain(recv_bytes)),
+            symmetric,
+            comm,
+        })
     }
 
     /// The communicator.
@@ -138,11 +157,11 @@ impl Backend for HostPurlin {
     }
 
     fn send_ptr(&self) -> u64 {
-        self.send.addr()
+        self.symmetric.as_ref().map_or_else(|| self.send.addr(), |(s, _)| s.as_ptr() as u64)
     }
 
     fn recv_ptr(&self) -> u64 {
-        self.recv.addr()
+        self.symmetric.as_ref().map_or_else(|| self.recv.addr(), |(_, r)| r.as_ptr() as u64)
     }
 
     /// Every case is tried; what the host executor cannot do (e.g. reductions of f64) comes
@@ -155,14 +174,31 @@ impl Backend for HostPurlin {
         let r = self.comm.rank();
         let es = case.dtype.size();
         let (in_bytes, out_bytes) = (case.in_count(r) * es, case.out_count(r) * es);
-        if in_bytes > self.send.len() || out_bytes > self.recv.len() {
+        let (send_cap, recv_cap) =
+            self.symmetric.as_ref().map_or((self.send.len(), self.recv.len()), |(s, r)| (s.capacity(), r.capacity()));
+        if in_bytes > send_cap || out_bytes > recv_cap {
             return Err(CallError::Failed(format!(
-                "buffers of {}/{} bytes for a call of {in_bytes}/{out_bytes}",
-                self.send.len(),
-                self.recv.len()
+                "buffers of {send_cap}/{recv_cap} bytes for a call of {in_bytes}/{out_bytes}"
             )));
         }
         let spec = spec_of(case, &self.comm);
+        if let Some((send, recv)) = &mut self.symmetric {
+            // The sweep fills and reads these through their addresses between calls; the call
+            // sees the case's lengths from their start.
+            let in_place = case.in_place_layout(r).map(|layout| layout.len * es);
+            let len = |b: &mut CpuSymmetricBuffer<u8>, n: usize| b.set_len(n).map_err(crate::purlin::map_err);
+            return match in_place {
+                Some(bytes) => {
+                    len(recv, bytes)?;
+                    self.comm.execute_bytes_in_place(&spec, recv).map_err(crate::purlin::map_err)
+                }
+                None => {
+                    len(send, in_bytes)?;
+                    len(recv, out_bytes)?;
+                    self.comm.execute_bytes(&spec, send, recv).map_err(crate::purlin::map_err)
+                }
+            };
+        }
         if let Some(layout) = case.in_place_layout(r) {
             let bytes = layout.len * es;
             if bytes > self.recv.len() {
@@ -232,8 +268,11 @@ pub fn run_host(cfg: &Config, world: usize, progress: &(dyn Fn(&str) + Sync)) ->
                 .name(format!("rank-{rank}"))
                 .spawn_scoped(s, move || {
                     let coord = Coord::new(region, rank, world, timeout);
-                    let mut backends: Vec<Box<dyn Backend>> =
-                        vec![Box::new(HostPurlin::new(comm, send_bytes, recv_bytes))];
+                    let backend = match HostPurlin::new(comm, send_bytes, recv_bytes, config.symmetric) {
+                        Ok(b) => b,
+                        Err(e) => return Outcome { error: Some(format!("rank {rank}: {e:#}")), ..Outcome::default() },
+                    };
+                    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(backend)];
                     let quiet = |_: &str| {};
                     let p: &dyn Fn(&str) = if rank == 0 { progress } else { &quiet };
                     let mut out = run::run_backends(&config, &HostDevice, &coord, &mut backends, p);

@@ -296,14 +296,6 @@ fn host(args: &Args, mut meta: Meta, gpus: usize, start: Instant) -> Result<Laun
     );
     eprintln!("purlin-bench: {note}");
     meta.notes.push(note);
-    if args.config.symmetric {
-        // The rows' placement column already says "out-of-place" (Row::symmetric needs a GPU).
-        let note = "--symmetric: the host executor has no symmetric memory (Comm::alloc_symmetric needs \
-                    GPUs), so its calls run the plans of plain buffers"
-            .to_string();
-        eprintln!("purlin-bench: {note}");
-        meta.notes.push(note);
-    }
     let sizes = cfg.sizes();
     eprintln!(
         "purlin-bench: host sweep: {} collectives x {} sizes ({}..{}), {} {}",

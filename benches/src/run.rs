@@ -435,7 +435,7 @@ fn sweep(
                     world,
                     executor: cfg.executor,
                     in_place: case.in_place,
-                    symmetric: cfg.symmetric && cfg.executor == Executor::Gpu,
+                    symmetric: cfg.symmetric,
                     cells: Vec::new(),
                 })
                 .collect();

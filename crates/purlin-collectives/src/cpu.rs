@@ -16,6 +16,12 @@
 //!    (see [`crate::verification`]); a plan the verifier rejects never runs.
 //! 4. Runs this rank's plan on the host executor ([`crate::host_exec`]).
 //!
+//! Buffers are any [`CpuBuffer`] / [`CpuBufferMut`]: slices, `Vec`s, arrays, or
+//! [`CpuSymmetricBuffer`]s from [`CpuComm::alloc_symmetric`]. Where every rank passes
+//! symmetric buffers in the same roles, throughput calls take the one-copy plans, as on GPUs
+//! (the ranks first meet to check it is the same call on the same allocations:
+//! [`crate::cpu_symmetric`]).
+//!
 //! Scheduling: **one OS thread per (rank, block)** of the plan, spawned per call and joined
 //! before the call returns. Every block is co-resident by construction (what the device
 //! executor gets from a cooperative launch), and waits block on a condition variable instead
@@ -35,9 +41,9 @@ use purlin_snac::verify::Options;
 use purlin_snac::{CollectiveSpec, ConsumeOp, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
 
 use crate::comm::ReduceOp;
-use crate::cpu_symmetric::{Meetings, SymmetricAlloc};
 use crate::cpu_symmetric::region::HostRegion;
 pub use crate::cpu_symmetric::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer};
+use crate::cpu_symmetric::{Meetings, SymmetricAlloc};
 use crate::error::Error;
 use crate::host_exec::{CallBuffers, HostMemoryConfig, HostWorld, atom_dtype};
 use crate::tuning::{PlanLimits, Tuning, plan_and_config};
@@ -417,7 +423,11 @@ impl CpuComm {
     }
 
     /// In-place AllReduce.
-    pub fn all_reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(&self, buf: &mut B, op: &ReduceOp) -> Result<(), Error> {
+    pub fn all_reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+        &self,
+        buf: &mut B,
+        op: &ReduceOp,
+    ) -> Result<(), Error> {
         let buf = buf.host_region_mut();
         let spec = CollectiveSpec::all_reduce(self.world_u32(), T::DATA_TYPE, snac_op(op), elems::<T>(&buf));
         self.run(self.mode(spec), Bufs::InPlace(buf))
@@ -498,7 +508,13 @@ impl CpuComm {
     /// ReduceScatterV: rank `p` receives `counts[p]` reduced elements (`recv.len() ==
     /// counts[rank]`); `send` holds every rank's partition, concatenated in rank order (its
     /// length is the sum of `counts`). Every rank passes the same `counts`.
-    pub fn reduce_scatter_v<S, R, T>(&self, send: &S, recv: &mut R, counts: &[usize], op: &ReduceOp) -> Result<(), Error>
+    pub fn reduce_scatter_v<S, R, T>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        counts: &[usize],
+        op: &ReduceOp,
+    ) -> Result<(), Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
@@ -543,7 +559,11 @@ impl CpuComm {
     /// [`CpuComm::execute_bytes`] in place (AllReduce: the whole buffer; AllGather(V): the
     /// output, this rank's contribution in its partition; ReduceScatter(V): the input, the
     /// result in this rank's partition).
-    pub fn execute_bytes_in_place<B: CpuBufferMut<u8> + ?Sized>(&self, spec: &CollectiveSpec, buf: &mut B) -> Result<(), Error> {
+    pub fn execute_bytes_in_place<B: CpuBufferMut<u8> + ?Sized>(
+        &self,
+        spec: &CollectiveSpec,
+        buf: &mut B,
+    ) -> Result<(), Error> {
         self.run(spec.clone(), Bufs::InPlace(buf.host_region_mut()))
     }
 
@@ -629,7 +649,11 @@ impl CpuComm {
             Some(peer) => Err(Error::Mismatch {
                 rank: self.rank,
                 peer,
-                what: format!("a call with symmetric buffers: here {}, there {}", mine.describe(), all[peer].describe()),
+                what: format!(
+                    "a call with symmetric buffers: here {}, there {}",
+                    mine.describe(),
+                    all[peer].describe()
+                ),
             }),
         }
     }

@@ -144,9 +144,36 @@ impl<T: CpuType> CpuSymmetricBuffer<T> {
         Self { alloc, rank, len, _elem: PhantomData }
     }
 
-    /// Elements.
+    /// Elements the buffer shows (what a collective checks against the call).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Elements of `T` the allocation holds (on every rank alike).
+    pub fn capacity(&self) -> usize {
+        self.alloc.bytes / size_of::<T>()
+    }
+
+    /// Shows the first `len` elements only (at most [`Self::capacity`]), like
+    /// `SymmetricBuffer::set_len`: collectives check buffer lengths exactly, and a V form's
+    /// buffers differ from rank to rank while every rank's allocation is the same size.
+    pub fn set_len(&mut self, len: usize) -> Result<(), Error> {
+        if len > self.capacity() {
+            return Err(Error::InvalidArgument(format!("{len} elements in a symmetric buffer of {}", self.capacity())));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// This rank's memory (for code that moves bytes itself, like a benchmark filling its
+    /// buffers between calls; peers write it only during this rank's calls).
+    pub fn as_ptr(&self) -> *const T {
+        self.alloc.base(self.rank).cast::<T>().cast_const()
+    }
+
+    /// [`Self::as_ptr`], mutable.
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.alloc.base(self.rank).cast::<T>()
     }
 
     /// Whether it holds no element.
@@ -327,7 +354,10 @@ struct Meeting<P, O> {
 
 impl<P, O: Clone> Meetings<P, O> {
     pub(crate) fn new(world: usize) -> Self {
-        Self { state: Mutex::new(MeetingsState { next: vec![0; world], open: HashMap::new() }), arrived: Condvar::new() }
+        Self {
+            state: Mutex::new(MeetingsState { next: vec![0; world], open: HashMap::new() }),
+            arrived: Condvar::new(),
+        }
     }
 
     /// Rank `rank`'s next meeting: waits up to `timeout` for every rank's payload, then
@@ -365,7 +395,8 @@ impl<P, O: Clone> Meetings<P, O> {
             }
             if meeting.outcome.is_none() && meeting.payloads.iter().all(Option::is_some) {
                 let all: Vec<P> = std::mem::take(&mut meeting.payloads).into_iter().flatten().collect();
-                let decide = decide.take().ok_or_else(|| Error::Protocol { peer: None, what: "decided twice".into() })?;
+                let decide =
+                    decide.take().ok_or_else(|| Error::Protocol { peer: None, what: "decided twice".into() })?;
                 meeting.outcome = Some(decide(&all));
                 self.arrived.notify_all();
             }

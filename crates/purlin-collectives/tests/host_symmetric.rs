@@ -25,7 +25,11 @@ fn cases(world: usize, setup: Setup, n: u64) -> Vec<Case> {
     let mut out = vec![];
     for c in Collective::ALL {
         let typed: &[(DataType, Option<ReduceOp>)] = if is_reduce(c) {
-            &[(DataType::F32, Some(ReduceOp::Sum)), (DataType::Bf16, Some(ReduceOp::Avg)), (DataType::I32, Some(ReduceOp::Max))]
+            &[
+                (DataType::F32, Some(ReduceOp::Sum)),
+                (DataType::Bf16, Some(ReduceOp::Avg)),
+                (DataType::I32, Some(ReduceOp::Max)),
+            ]
         } else {
             &[(DataType::F32, None), (DataType::U8, None)]
         };
@@ -44,7 +48,9 @@ fn cases(world: usize, setup: Setup, n: u64) -> Vec<Case> {
 #[test]
 fn every_collective_runs_one_copy_on_symmetric_buffers() {
     let mut ran = 0;
-    for (world, setup, n) in [(2, Setup::ThroughputOwn, 300), (3, Setup::ThroughputPeer, 1001), (4, Setup::ThroughputOwn, 77)] {
+    for (world, setup, n) in
+        [(2, Setup::ThroughputOwn, 300), (3, Setup::ThroughputPeer, 1001), (4, Setup::ThroughputOwn, 77)]
+    {
         let comms = comms(world, setup, ReductionMode::Deterministic);
         for case in cases(world, setup, n) {
             let one_copy = run_and_report(&comms, &case);
@@ -74,7 +80,8 @@ fn on_every_rank<R: Send>(comms: &[CpuComm], f: impl Fn(usize, &CpuComm) -> R + 
 }
 
 fn short_timeout(world: usize) -> Vec<CpuComm> {
-    let config = CpuConfig { timeout: Duration::from_millis(300), ..config(Setup::ThroughputOwn, ReductionMode::Deterministic) };
+    let config =
+        CpuConfig { timeout: Duration::from_millis(300), ..config(Setup::ThroughputOwn, ReductionMode::Deterministic) };
     CpuComm::threads_with_config(world, config).expect("host communicators")
 }
 
