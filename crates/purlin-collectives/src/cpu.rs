@@ -225,19 +225,20 @@ enum AllocOutcome {
     Memory(String),
 }
 
-/// What a rank's call with symmetric buffers is: every rank's must be equal.
+/// What a rank's one-copy call is: every rank's must be equal.
 #[derive(Clone, PartialEq, Eq)]
 struct SymmetricCall {
     spec: CollectiveSpec,
     in_place: bool,
-    /// The allocation of the input and of the output, where symmetric ([`SymmetricAlloc::id`]).
+    /// The allocation ([`SymmetricAlloc::id`]) of the input and of the output where the plan
+    /// configuration shares them with peers (`PlanConfig::peer_inputs`, `peer_outputs`).
     input: Option<usize>,
     output: Option<usize>,
 }
 
 impl SymmetricCall {
     fn describe(&self) -> String {
-        let role = |a: Option<usize>| a.map_or("plain".to_string(), |id| format!("symmetric allocation {id:#x}"));
+        let role = |a: Option<usize>| a.map_or("not shared".to_string(), |id| format!("symmetric allocation {id:#x}"));
         let place = if self.in_place { "in place" } else { "out of place" };
         format!("{:?} {place}, input {}, output {}", self.spec, role(self.input), role(self.output))
     }
@@ -629,14 +630,13 @@ impl CpuComm {
         }
     }
 
-    /// Meets every rank before a call with symmetric buffers and checks they make the same
-    /// call on the same allocations (peers write into this rank's memory only then, see
+    /// Meets every rank before a one-copy call and checks they make the same call on the
+    /// same allocations (peers write into this rank's memory only then, see
     /// [`crate::cpu_symmetric`]). A rank that does not come poisons the world: the calls of
     /// the ranks that did come are lost, as with an expired executor wait.
-    fn meet_symmetric_call(&self, spec: &CollectiveSpec, in_place: bool, peers: &PeerRegions<'_>) -> Result<(), Error> {
+    fn meet_symmetric_call(&self, mine: SymmetricCall) -> Result<(), Error> {
         const DURING: &str = "checking a call with symmetric buffers";
         let sh = &*self.shared;
-        let mine = SymmetricCall { spec: spec.clone(), in_place, input: peers.input_alloc, output: peers.output_alloc };
         let all = match sh.symmetric_calls.meet(self.rank, mine.clone(), sh.config.timeout, DURING, <[_]>::to_vec) {
             Ok(all) => all,
             Err(e) => {
@@ -748,8 +748,14 @@ impl CpuComm {
         if let Some(p) = peers.outputs {
             buffers.peer_outputs = p;
         }
-        if peers.input_alloc.is_some() || peers.output_alloc.is_some() {
-            self.meet_symmetric_call(&spec, in_place, &peers)?;
+        // Peers reach this rank's memory only in one-copy plans, in the roles the plan
+        // configuration shares. The decision is the call's, not this rank's plan's: a rank
+        // that contributes nothing may write no peer yet have its output written.
+        let one_copy = cfg.regime == Regime::Throughput && purlin_snac::derive::one_copy(&spec, &cfg);
+        if one_copy {
+            let input = peers.input_alloc.filter(|_| cfg.peer_inputs);
+            let output = peers.output_alloc.filter(|_| cfg.peer_outputs);
+            self.meet_symmetric_call(SymmetricCall { spec: spec.clone(), in_place, input, output })?;
         }
         sh.world.execute(&plan, buffers, false)?;
         *sh.last[self.rank].lock().unwrap_or_else(|e| e.into_inner()) = Some(CallInfo {
@@ -758,7 +764,7 @@ impl CpuComm {
             regime: plan.regime,
             staging_side: plan.staging_side,
             grid: plan.grid(),
-            one_copy: cfg.regime == Regime::Throughput && purlin_snac::derive::one_copy(&plan.spec, &cfg),
+            one_copy,
             verified: verdict.coverage.clone(),
         });
         Ok(())

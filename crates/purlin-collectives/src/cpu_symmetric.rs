@@ -18,12 +18,15 @@
 //!   this rank's entry into the same call and its exit.
 //!
 //! That last point needs every rank in the *same* call on the *same* allocations: before a
-//! call that passes symmetric buffers runs, the ranks meet (the `k`-th such call of every rank
-//! meets the others' `k`-th) and compare the call (spec, in place or not) and which
-//! allocation each role uses; any difference is an [`Error::Mismatch`] on every rank before
-//! anything runs. A rank that passes plain memory where the others pass symmetric buffers
-//! never arrives: the others' meeting expires ([`Error::Timeout`]) and poisons the world, as
-//! any missing rank does with NCCL, and no rank's memory is written.
+//! one-copy call runs, the ranks meet (the `k`-th such call of every rank meets the others'
+//! `k`-th) and compare the call (spec, in place or not) and which allocation each shared
+//! role uses; any difference is an [`Error::Mismatch`] on every rank before anything
+//! runs. A rank that passes plain memory where the others pass symmetric buffers runs the
+//! staged plan and never arrives: the others' meeting expires ([`Error::Timeout`]) and
+//! poisons the world, as any missing rank does with NCCL, and no rank's memory is written.
+//! Calls that are not one-copy (the latency regime's packets, or a staged plan because the
+//! role the one-copy plan needs is plain) share nothing, need no meeting, and mix freely with
+//! plain buffers.
 //!
 //! The memory is freed when the last rank's handle is dropped (there is no separate free:
 //! peers' calls reach a rank's memory through their own handles, which keep it alive).

@@ -34,12 +34,19 @@ fn cases(world: usize, setup: Setup, n: u64) -> Vec<Case> {
             &[(DataType::F32, None), (DataType::U8, None)]
         };
         for &(dtype, op) in typed {
-            let shape = Shape::uniform_w(c, n, world as u64);
-            let case = Case::new(c, world, dtype, op, ReductionMode::Deterministic, shape, setup).symmetric();
-            if !matches!(c, Collective::AllToAll | Collective::AllToAllV) {
-                out.push(case.clone().in_place());
+            let mut shapes = vec![Shape::uniform_w(c, n, world as u64)];
+            if c.is_v() {
+                // Skewed, with empty ranks and pairs (every rank's buffers are as large as the
+                // largest rank's, shown at its own length).
+                shapes.extend(v_shapes(c, world as u64, n).into_iter().take(3));
             }
-            out.push(case);
+            for shape in shapes {
+                let case = Case::new(c, world, dtype, op, ReductionMode::Deterministic, shape, setup).symmetric();
+                if !matches!(c, Collective::AllToAll | Collective::AllToAllV) {
+                    out.push(case.clone().in_place());
+                }
+                out.push(case);
+            }
         }
     }
     out
@@ -233,5 +240,31 @@ fn ranks_on_different_allocations_or_calls_all_get_a_mismatch_and_nothing_runs()
     let want: Vec<f32> = [vec![1.0; n], vec![2.0; n]].concat();
     for got in results {
         assert_eq!(got.expect("the matched call"), want);
+    }
+}
+
+#[test]
+fn calls_whose_plans_share_nothing_mix_symmetric_and_plain_buffers() {
+    let config = CpuConfig { timeout: Duration::from_secs(10), ..config(Setup::Latency, ReductionMode::Deterministic) };
+    let comms = CpuComm::threads_with_config(2, config).expect("host communicators");
+    let n = 16;
+    let mut outs = on_every_rank(&comms, |_, c| c.alloc_symmetric::<i32>(2 * n).expect("allocation"));
+    let out0 = std::sync::Mutex::new(&mut outs[0]);
+    // Rank 0 gathers into its symmetric buffer, rank 1 into a Vec: the packet plan shares
+    // neither, so the ranks need not agree on them.
+    let results = on_every_rank(&comms, |r, c| {
+        let input = vec![r as i32 + 7; n];
+        if r == 0 {
+            let mut out = out0.lock().expect("rank 0's buffer");
+            c.all_gather(&input, &mut **out).map(|()| out.to_vec())
+        } else {
+            let mut out = vec![0i32; 2 * n];
+            c.all_gather(&input, &mut out).map(|()| out)
+        }
+    });
+    let want: Vec<i32> = [vec![7; n], vec![8; n]].concat();
+    for (r, got) in results.into_iter().enumerate() {
+        assert_eq!(got.unwrap_or_else(|e| panic!("rank {r}: {e}")), want, "rank {r}");
+        assert!(!comms[r].last_call().expect("a call ran").one_copy);
     }
 }

@@ -505,17 +505,24 @@ fn call_typed<T: CpuType>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut V
     Ok(())
 }
 
-/// [`call_typed`] with `CpuSymmetricBuffer`s (allocated per call: a collective call itself;
-/// the V in-place forms use a byte buffer, as the byte API takes).
+/// [`call_typed`] with `CpuSymmetricBuffer`s (allocated per call: a collective call itself,
+/// every rank the same size, the largest any rank needs, then cut to this rank's length as
+/// `set_len` allows; the V in-place forms use a byte buffer, as the byte API takes).
 fn call_symmetric<T: CpuType>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+    let es = std::mem::size_of::<T>();
+    let lens: Vec<(usize, usize)> = (0..case.world).map(|q| case.lens(q)).collect();
+    let (in_cap, out_cap) = lens.iter().fold((0, 0), |(a, b), &(i, o)| (a.max(i), b.max(o)));
     if case.in_place {
         let host = in_place_buffer(case, comm.rank(), input, out);
-        let mut buf = comm.alloc_symmetric::<T>(host.len() / std::mem::size_of::<T>())?;
+        let cap = in_cap.max(out_cap);
+        let mut buf = comm.alloc_symmetric::<T>(cap)?;
+        buf.set_len(host.len() / es)?;
         buf.copy_from_host(&from_bytes(&host))?;
         match call_in_place(comm, case, &mut buf) {
             Some(r) => r?,
             None => {
-                let mut bytes = comm.alloc_symmetric::<u8>(host.len())?;
+                let mut bytes = comm.alloc_symmetric::<u8>(cap * es)?;
+                bytes.set_len(host.len())?;
                 bytes.copy_from_host(&host)?;
                 comm.execute_bytes_in_place(&spec_of(case), &mut bytes)?;
                 *out = bytes.to_vec();
@@ -525,9 +532,11 @@ fn call_symmetric<T: CpuType>(comm: &CpuComm, case: &Case, input: &[u8], out: &m
         *out = to_bytes(&buf.to_vec());
         return Ok(());
     }
-    let mut x = comm.alloc_symmetric::<T>(input.len() / std::mem::size_of::<T>())?;
+    let mut x = comm.alloc_symmetric::<T>(in_cap)?;
+    x.set_len(input.len() / es)?;
     x.copy_from_host(&from_bytes(input))?;
-    let mut y = comm.alloc_symmetric::<T>(out.len() / std::mem::size_of::<T>())?;
+    let mut y = comm.alloc_symmetric::<T>(out_cap)?;
+    y.set_len(out.len() / es)?;
     y.copy_from_host(&from_bytes(out))?;
     call_out_of_place(comm, case, &x, &mut y)?;
     *out = to_bytes(&y.to_vec());
