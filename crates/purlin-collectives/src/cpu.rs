@@ -211,8 +211,10 @@ struct Shared {
     token: Arc<()>,
     /// Where ranks meet to allocate symmetric buffers.
     allocs: Meetings<usize, AllocOutcome>,
-    /// Where ranks meet before a call with symmetric buffers, to check it is the same call.
+    /// Where ranks meet before a one-copy call, to check it is the same call.
     symmetric_calls: Meetings<SymmetricCall, Vec<SymmetricCall>>,
+    /// Where ranks meet after a one-copy call, so none returns while a peer may still write.
+    symmetric_exits: Meetings<(), ()>,
 }
 
 /// What every rank of an allocation meeting returns.
@@ -332,6 +334,7 @@ impl CpuComm {
             token: Arc::new(()),
             allocs: Meetings::new(world),
             symmetric_calls: Meetings::new(world),
+            symmetric_exits: Meetings::new(world),
         });
         Ok((0..world).map(|rank| CpuComm { rank, shared: shared.clone() }).collect())
     }
@@ -757,7 +760,20 @@ impl CpuComm {
             let output = peers.output_alloc.filter(|_| cfg.peer_outputs);
             self.meet_symmetric_call(SymmetricCall { spec: spec.clone(), in_place, input, output })?;
         }
-        sh.world.execute(&plan, buffers, false)?;
+        let ran = sh.world.execute(&plan, buffers, false).map(drop);
+        if one_copy {
+            // A rank whose call failed must not return while a peer's threads may still
+            // write its memory: every rank leaves a one-copy call together (each executor
+            // wait is bounded, so this meeting is too).
+            const DURING: &str = "leaving a one-copy call";
+            let left = sh.symmetric_exits.meet(self.rank, (), 2 * sh.config.timeout, DURING, |_| ());
+            if left.is_err() {
+                sh.world.poison();
+            }
+            ran.and(left)?;
+        } else {
+            ran?;
+        }
         *sh.last[self.rank].lock().unwrap_or_else(|e| e.into_inner()) = Some(CallInfo {
             spec,
             in_place,

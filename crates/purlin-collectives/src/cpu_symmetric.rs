@@ -15,7 +15,9 @@
 //!   checker keeps them out of the owner's own calls that write the buffer);
 //! - during a call, the executor threads of every rank, in the order the plan's flags and
 //!   counters give (proved race-free by the verifier, as for staging), and a peer only between
-//!   this rank's entry into the same call and its exit.
+//!   this rank's entry into the same call and its exit. On success the plan itself ensures
+//!   that; so that a failed call (a wait that expired) ensures it too, every rank leaves a
+//!   one-copy call only once every rank's executor threads of it have finished.
 //!
 //! That last point needs every rank in the *same* call on the *same* allocations: before a
 //! one-copy call runs, the ranks meet (the `k`-th such call of every rank meets the others'
