@@ -98,9 +98,9 @@ pub struct CpuConfig {
 
 impl CpuConfig {
     /// The host's tuning defaults: the GPU table's regime band, but 32 KiB chunks, 2 blocks
-    /// per role for every role and regime (one-copy plans included) and 4 slots — a CPU thread per block (the GPU's 32
-    /// reader and up to 64 packet blocks would be threads here), and staging that fits world
-    /// 16 in 4 MiB.
+    /// per role for every role and regime (one-copy plans included) and 4 slots — a CPU
+    /// thread per block (the GPU's 32 reader and up to 64 packet blocks would be threads
+    /// here), and staging that fits world 16 in 4 MiB.
     pub fn host_tuning() -> Tuning {
         Tuning {
             chunk_bytes: 32 << 10,
@@ -258,30 +258,26 @@ impl std::fmt::Debug for CpuComm {
     }
 }
 
-/// Every rank's input and output where a call's are symmetric buffers, and the allocations
-/// the call uses.
-#[derive(Default)]
-struct PeerRegions<'a> {
+/// Every rank's input and output where a call's are symmetric buffers, and their allocations.
+struct PeerRegions {
     inputs: Option<[(*mut u8, usize); crate::exec_device::MAX_WORLD]>,
     outputs: Option<[(*mut u8, usize); crate::exec_device::MAX_WORLD]>,
     /// The allocations of the input and the output ([`SymmetricAlloc::id`]), where symmetric.
     input_alloc: Option<usize>,
     output_alloc: Option<usize>,
-    _regions: std::marker::PhantomData<&'a SymmetricAlloc>,
 }
 
 /// Every rank's bytes of a symmetric buffer as the host executor addresses them, and the
 /// buffer's allocation ([`SymmetricAlloc::id`]).
 type Symmetric = ([(*mut u8, usize); crate::exec_device::MAX_WORLD], usize);
 
-impl PeerRegions<'_> {
+impl PeerRegions {
     fn new(inputs: Option<Symmetric>, outputs: Option<Symmetric>) -> Self {
         PeerRegions {
             inputs: inputs.map(|x| x.0),
             outputs: outputs.map(|x| x.0),
             input_alloc: inputs.map(|x| x.1),
             output_alloc: outputs.map(|x| x.1),
-            _regions: std::marker::PhantomData,
         }
     }
 }
@@ -576,10 +572,10 @@ impl CpuComm {
     /// one buffer, which holds every rank's input and output at NCCL's offsets. The host twin
     /// of `Comm::peer_buffers`, checking in addition that a buffer is this rank's handle of an
     /// allocation of this world.
-    fn peer_buffers<'a>(&self, spec: &CollectiveSpec, bufs: &Bufs<'a>) -> Result<PeerRegions<'a>, Error> {
+    fn peer_buffers(&self, spec: &CollectiveSpec, bufs: &Bufs<'_>) -> Result<PeerRegions, Error> {
         // Every rank's base of `region`'s allocation, each of which must hold `need(rank)`
         // bytes (peers access every rank's), shifted by `shift(rank)`.
-        let at = |region: &HostRegion<'a>, need: &dyn Fn(u32) -> u64, shift: &dyn Fn(u32) -> u64, what: &str| {
+        let at = |region: &HostRegion<'_>, need: &dyn Fn(u32) -> u64, shift: &dyn Fn(u32) -> u64, what: &str| {
             let Some((alloc, owner)) = region.symmetric else { return Ok(None) };
             if !alloc.belongs_to(&self.shared.token) {
                 return Err(Error::InvalidArgument(format!(
