@@ -5,7 +5,9 @@
 //! ```text
 //! cargo run -p purlin-collectives --release --example verify_cost -- [--world N]... [--bytes B]...
 //! ```
-//! Without arguments: worlds 2, 4 and 8, AllReduce and AllGather at 64 KiB and 1 MiB (bf16).
+//! Without arguments: worlds 2, 4 and 8, AllReduce, AllGather, ReduceScatter and AllToAll at
+//! 64 KiB and 1 MiB (bf16), each on plain buffers (staged plans) and on symmetric ones
+//! (one-copy plans). A key already verified (the same verification twin) shows ~0 s.
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -33,27 +35,44 @@ fn main() -> anyhow::Result<()> {
     if sizes.is_empty() {
         sizes = vec![64 << 10, 1 << 20];
     }
-    let limits = PlanLimits::of_workspace(&WorkspaceConfig::default(), 264, PacketFormat::B16, false, false);
     let fits = |p: &purlin_snac::Plan| purlin_snac::params::encode(p).len() <= EXEC_PARAM_WORDS;
-    let budget = Options { max_coresident_blocks: Some(limits.max_coresident_blocks), ..default_budget() };
-    println!("{:>5} {:>10} {:>15} {:>6} {:>10}  coverage", "world", "bytes", "collective", "grid", "seconds");
+    println!(
+        "{:>5} {:>10} {:>15} {:>10} {:>6} {:>10}  coverage",
+        "world", "bytes", "collective", "buffers", "grid", "seconds"
+    );
     for &world in &worlds {
         for &bytes in &sizes {
             let n = bytes / 2;
+            let w = world as u64;
             for spec in [
                 CollectiveSpec::all_reduce(world, DataType::Bf16, ReduceOp::Sum, n),
-                CollectiveSpec::all_gather(world, DataType::Bf16, n / world as u64),
+                CollectiveSpec::all_gather(world, DataType::Bf16, n / w),
+                CollectiveSpec::reduce_scatter(world, DataType::Bf16, ReduceOp::Sum, n / w),
+                CollectiveSpec::all_to_all(world, DataType::Bf16, n / w),
             ] {
-                let (plan, cfg) = plan_fitting(&spec, 0, false, &Tuning::default(), &limits, fits)?;
-                let t = Instant::now();
-                let verdict = verified(&spec, &cfg, &budget)?;
-                println!(
-                    "{world:>5} {bytes:>10} {:>15} {:>6} {:>10.3}  {}",
-                    spec.collective.name(),
-                    plan.grid(),
-                    t.elapsed().as_secs_f64(),
-                    verdict.coverage
-                );
+                // Plain buffers (staged plans), then symmetric ones (one-copy plans).
+                for symmetric in [false, true] {
+                    let limits = PlanLimits::of_workspace(
+                        &WorkspaceConfig::default(),
+                        264,
+                        PacketFormat::B16,
+                        symmetric,
+                        symmetric,
+                    );
+                    let budget =
+                        Options { max_coresident_blocks: Some(limits.max_coresident_blocks), ..default_budget() };
+                    let (plan, cfg) = plan_fitting(&spec, 0, false, &Tuning::default(), &limits, fits)?;
+                    let t = Instant::now();
+                    let verdict = verified(&spec, &cfg, &budget)?;
+                    println!(
+                        "{world:>5} {bytes:>10} {:>15} {:>10} {:>6} {:>10.3}  {}",
+                        spec.collective.name(),
+                        if symmetric { "symmetric" } else { "plain" },
+                        plan.grid(),
+                        t.elapsed().as_secs_f64(),
+                        verdict.coverage
+                    );
+                }
             }
         }
     }

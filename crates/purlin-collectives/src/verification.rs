@@ -1,10 +1,11 @@
 //! Run-time verification: a call's plans are checked by purlin-snac's verifier before they
 //! run, once per plan key per process. `CpuComm` always verifies; `Comm` (GPUs) does where
 //! [`crate::CommConfig::verify`] asks for it (`PURLIN_VERIFY=1`), because a key's first
-//! verification grows with the world and the grid: with the GPU table, at most 18 ms at
-//! world 2 (every collective, 8 B to 1 GiB), 0.27 s at world 4 and seconds at world 8 (1 MiB
-//! AllReduce, 64 blocks: 6.6 s; release build, `examples/verify_cost`, 2026-12-06), where
-//! CI's property tests and scenario sets cover the table instead.
+//! verification grows with the world and the grid: with the GPU table, as `Comm` fits it, at
+//! most 11 ms at world 2, 44 ms at world 4 and 0.2 s at world 8 (AllReduce, AllGather,
+//! ReduceScatter, AllToAll, 8 B to 1 GiB; release build, `examples/verify_cost`, 2026-12-06),
+//! and V forms make a key per count vector, where CI's property tests and scenario sets cover
+//! the table instead.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
