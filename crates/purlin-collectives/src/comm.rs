@@ -1162,19 +1162,10 @@ impl Comm {
                 outputs: at(output, &|q| spec.output_bytes(q), &|_| 0, "output")?,
             });
         }
-        // (input offset, output offset) of rank `q`'s buffer.
-        let offsets = |q: u32| match purlin_snac::in_place_alias(spec, q) {
-            Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
-            Some(purlin_snac::Alias::OutputInInput(o)) => (0, o),
-            None => (0, 0),
-        };
-        let need = |q: u32| {
-            let (i, o) = offsets(q);
-            (i + spec.input_bytes(q)).max(o + spec.output_bytes(q))
-        };
+        let layout = |q: u32| crate::symmetric::in_place_layout(spec, q);
         Ok(PeerBuffers {
-            inputs: at(output, &need, &|q| offsets(q).0, "buffer")?,
-            outputs: at(output, &need, &|q| offsets(q).1, "buffer")?,
+            inputs: at(output, &|q| layout(q).2, &|q| layout(q).0, "buffer")?,
+            outputs: at(output, &|q| layout(q).2, &|q| layout(q).1, "buffer")?,
         })
     }
 

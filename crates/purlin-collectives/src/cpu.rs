@@ -612,18 +612,9 @@ impl CpuComm {
                 Ok(PeerRegions::new(inputs, outputs))
             }
             Bufs::InPlace(buf) => {
-                // (input offset, output offset) of rank `q`'s buffer.
-                let offsets = |q: u32| match purlin_snac::in_place_alias(spec, q) {
-                    Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
-                    Some(purlin_snac::Alias::OutputInInput(o)) => (0, o),
-                    None => (0, 0),
-                };
-                let need = |q: u32| {
-                    let (i, o) = offsets(q);
-                    (i + spec.input_bytes(q)).max(o + spec.output_bytes(q))
-                };
-                let inputs = at(buf, &need, &|q| offsets(q).0, "buffer")?;
-                let outputs = at(buf, &need, &|q| offsets(q).1, "buffer")?;
+                let layout = |q: u32| crate::symmetric::in_place_layout(spec, q);
+                let inputs = at(buf, &|q| layout(q).2, &|q| layout(q).0, "buffer")?;
+                let outputs = at(buf, &|q| layout(q).2, &|q| layout(q).1, "buffer")?;
                 Ok(PeerRegions::new(inputs, outputs))
             }
         }

@@ -33,6 +33,18 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDro
 use crate::Error;
 use crate::comm::NcclType;
 
+/// Where rank `q`'s input and output lie in its in-place buffer (NCCL's offsets: the plan's
+/// alias), and the bytes that buffer must hold: `(input offset, output offset, bytes)`. Peers
+/// of a one-copy call address every rank's buffer with these (GPU and host alike).
+pub(crate) fn in_place_layout(spec: &purlin_snac::CollectiveSpec, q: u32) -> (u64, u64, u64) {
+    let (i, o) = match purlin_snac::in_place_alias(spec, q) {
+        Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
+        Some(purlin_snac::Alias::OutputInInput(o)) => (0, o),
+        None => (0, 0),
+    };
+    (i, o, (i + spec.input_bytes(q)).max(o + spec.output_bytes(q)))
+}
+
 /// One symmetric allocation as this rank sees it (shared by its buffers and the communicator).
 #[derive(Debug)]
 pub(crate) struct SymmetricMem {
