@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use purlin_collectives::cpu::{CpuComm, CpuConfig, CpuSymmetricBuffer};
+use purlin_collectives::cpu::{CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuSymmetricBuffer};
 use purlin_collectives::{Error, ReduceOp};
 use purlin_snac::{Collective, DataType, ReductionMode};
 use support::*;
@@ -266,5 +266,65 @@ fn calls_whose_plans_share_nothing_mix_symmetric_and_plain_buffers() {
     for (r, got) in results.into_iter().enumerate() {
         assert_eq!(got.unwrap_or_else(|e| panic!("rank {r}: {e}")), want, "rank {r}");
         assert!(!comms[r].last_call().expect("a call ran").one_copy);
+    }
+}
+
+/// The reduction `name` of `x` into `y` on any kind of buffer.
+fn reduce<S, R>(c: &CpuComm, name: &str, x: &S, y: &mut R, counts: &[usize]) -> Result<(), Error>
+where
+    S: CpuBuffer<f32> + ?Sized,
+    R: CpuBufferMut<f32> + ?Sized,
+{
+    match name {
+        "all-reduce" => c.all_reduce(x, y, &ReduceOp::Sum),
+        "reduce-scatter" => c.reduce_scatter(x, y, &ReduceOp::Sum),
+        _ => c.reduce_scatter_v(x, y, counts, &ReduceOp::Sum),
+    }
+}
+
+/// Deterministic mode reduces in rank order whatever the path: an AllReduce, a ReduceScatter
+/// and a ReduceScatterV of values that round give the same bits on symmetric buffers (the
+/// one-copy plans) as on plain ones (staged), in both staging sides, on every rank.
+#[test]
+fn deterministic_one_copy_reductions_are_bitwise_the_staged_ones() {
+    for (world, setup) in [(3, Setup::ThroughputPeer), (4, Setup::ThroughputOwn)] {
+        let comms = comms(world, setup, ReductionMode::Deterministic);
+        let n = 1001usize;
+        let value = |r: usize, i: usize| ((i * 31 + r * 17) as f32).sin() * 1e3 + 1e-3 * r as f32;
+        let counts: Vec<usize> = (0..world).map(|r| 3 * n / world + r * 7).collect();
+        let sum: usize = counts.iter().sum();
+        // (collective, input length, every rank's output length)
+        let calls = [
+            ("all-reduce", n, vec![n; world]),
+            ("reduce-scatter", world * n, vec![n; world]),
+            ("reduce-scatter-v", sum, counts.clone()),
+        ];
+        for (name, in_len, out_lens) in &calls {
+            let run = |symmetric: bool| -> Vec<Vec<u32>> {
+                on_every_rank(&comms, |r, c| {
+                    let x: Vec<f32> = (0..*in_len).map(|i| value(r, i)).collect();
+                    let y = if symmetric {
+                        let mut xs = c.alloc_symmetric::<f32>(*in_len).expect("allocation");
+                        xs.copy_from_host(&x).expect("copy in");
+                        let mut ys =
+                            c.alloc_symmetric::<f32>(*out_lens.iter().max().unwrap_or(&0)).expect("allocation");
+                        ys.set_len(out_lens[r]).expect("length");
+                        reduce(c, name, &xs, &mut ys, &counts).unwrap_or_else(|e| panic!("{name}: {e}"));
+                        ys.to_vec()
+                    } else {
+                        let mut y = vec![0f32; out_lens[r]];
+                        reduce(c, name, &x, &mut y, &counts).unwrap_or_else(|e| panic!("{name}: {e}"));
+                        y
+                    };
+                    assert_eq!(c.last_call().expect("a call").one_copy, symmetric, "{name}: the path taken");
+                    y.iter().map(|v| v.to_bits()).collect()
+                })
+            };
+            let (staged, one_copy) = (run(false), run(true));
+            for r in 0..world {
+                assert!(staged[r].iter().any(|&b| b != 0), "{name}: rank {r} got a result");
+                assert_eq!(staged[r], one_copy[r], "world {world} {setup:?} {name}: rank {r} differs");
+            }
+        }
     }
 }
