@@ -915,32 +915,30 @@ impl Comm {
         self.launch_ping_pong(peer, rounds, timeout)?.wait()
     }
 
-    fn enqueue_check<T: NcclType>(&self, what: &str, send: usize, recv: usize, ok: bool) -> Result<Status, Error> {
+    /// Point-to-point calls are not collectives of every rank, which is what a SNAC plan is.
+    fn point_to_point<T: NcclType>(&self, what: &str) -> Result<Status, Error> {
         if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(Error::Poisoned(why));
         }
-        if !ok {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: {send} send and {recv} receive elements do not fit world {}",
-                self.world
-            )));
-        }
         Err(Error::Unsupported(format!(
-            "{what} of {:?} is not implemented yet (the collectives land with the SNAC executor)",
+            "{what} of {:?}: Purlin runs collectives of every rank, and a point-to-point {what} is not one \
+             (all_to_all_v with one nonzero pair moves the same bytes as a collective)",
             T::data_type()
         )))
     }
 
-    /// Sends to one peer (cudarc's `send`).
+    /// Sends to one peer (cudarc's `send`): [`Error::Unsupported`] (see `point_to_point`).
     pub fn send<S: DevicePtr<T>, T: NcclType>(&self, data: &S, peer: i32) -> Result<(), Error> {
+        let _ = data;
         self.check_peer(peer)?;
-        self.enqueue_check::<T>("send", data.len(), 0, true).map(drop)
+        self.point_to_point::<T>("send").map(drop)
     }
 
-    /// Receives from one peer (cudarc's `recv`).
+    /// Receives from one peer (cudarc's `recv`): [`Error::Unsupported`], as [`Comm::send`].
     pub fn recv<R: DevicePtrMut<T>, T: NcclType>(&self, buff: &mut R, peer: i32) -> Result<Status, Error> {
+        let _ = buff;
         self.check_peer(peer)?;
-        self.enqueue_check::<T>("recv", 0, buff.len(), true)
+        self.point_to_point::<T>("recv")
     }
 
     fn check_peer(&self, peer: i32) -> Result<usize, Error> {
@@ -950,7 +948,12 @@ impl Comm {
             .ok_or_else(|| Error::InvalidArgument(format!("rank {peer} is not in a world of {}", self.world)))
     }
 
-    /// Broadcast from `root` (cudarc's `broadcast`; `sendbuff` only on the root).
+    /// Broadcast from `root` (cudarc's `broadcast`): every rank's `recvbuff` receives the
+    /// root's `sendbuff` (the same length). `sendbuff` is read on the root only, as NCCL's.
+    /// It runs as the AllGatherV in which only the root contributes ([`broadcast_counts`]):
+    /// one kernel, every peer's bytes straight from the root (into symmetric outputs with
+    /// one copy); at world 2 that is all a broadcast moves, while wider worlds load the
+    /// root's links with `world - 1` copies where a ring would forward.
     pub fn broadcast<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
         &self,
         sendbuff: Option<&S>,
@@ -958,21 +961,36 @@ impl Comm {
         root: i32,
     ) -> Result<Status, Error> {
         let root = self.check_peer(root)?;
-        if root == self.rank && sendbuff.is_none() {
-            return Err(Error::InvalidArgument("broadcast: the root must pass a send buffer".into()));
+        let counts = broadcast_counts(self.world, root, recvbuff.len());
+        let spec = CollectiveSpec::all_gather_v(self.world as u32, snac_dtype::<T>(), counts);
+        match sendbuff {
+            Some(send) if root == self.rank => self.collective(spec, send, recvbuff),
+            None if root == self.rank => {
+                Err(Error::InvalidArgument("broadcast: the root must pass a send buffer".into()))
+            }
+            // A peer contributes nothing: an empty input, never read.
+            _ => {
+                spec.validate()?;
+                spec.check_buffers(self.rank as u32, 0, recvbuff.len() as u64)?;
+                self.check_device(recvbuff)?;
+                let (output, _record_out) = recvbuff.device_ptr_mut(&self.stream);
+                self.collective_at(spec, 0, output)
+            }
         }
-        let send = sendbuff.map_or(recvbuff.len(), |b| b.len());
-        self.enqueue_check::<T>("broadcast", send, recvbuff.len(), send == recvbuff.len())
     }
 
-    /// In-place broadcast from `root`.
+    /// In-place broadcast from `root`: the root's `recvbuff` is sent, every other rank's
+    /// overwritten (the in-place AllGatherV of [`Comm::broadcast`]: the root's contribution
+    /// already at offset 0 of its buffer).
     pub fn broadcast_in_place<R: DevicePtrMut<T>, T: NcclType>(
         &self,
         recvbuff: &mut R,
         root: i32,
     ) -> Result<Status, Error> {
-        self.check_peer(root)?;
-        self.enqueue_check::<T>("broadcast", recvbuff.len(), recvbuff.len(), true)
+        let root = self.check_peer(root)?;
+        let counts = broadcast_counts(self.world, root, recvbuff.len());
+        let spec = CollectiveSpec::all_gather_v(self.world as u32, snac_dtype::<T>(), counts);
+        self.collective_in_place(spec, recvbuff)
     }
 
     /// AllGather: `recvbuff` holds `world` × `sendbuff.len()` elements, rank `r`'s
@@ -1118,6 +1136,13 @@ impl Comm {
         self.check_device(recvbuff)?;
         let (input, _record_in) = sendbuff.device_ptr(&self.stream);
         let (output, _record_out) = recvbuff.device_ptr_mut(&self.stream);
+        self.collective_at(spec, input, output)
+    }
+
+    /// An out-of-place call on device pointers the caller checked against `spec` (0 for a
+    /// side of no bytes, which no plan touches and no symmetric buffer matches) and keeps
+    /// alive and ordered on this stream until the launch is enqueued.
+    fn collective_at(&self, spec: CollectiveSpec, input: u64, output: u64) -> Result<Status, Error> {
         let peers = self.peer_buffers(&spec, false, input, output)?;
         let prepared = self.prepared(spec, false, peers.flags())?;
         self.launch_prepared(&prepared, input, output, &peers)
@@ -1407,7 +1432,8 @@ impl Comm {
         peers.fill(&mut rt);
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
-        // offsets, checked by `collective_in_place`), kept alive by the caller's borrow until the launch
+        // offsets, checked by `collective_in_place`; 0 for a side of no bytes, which no step
+        // touches), kept alive by the caller's borrow until the launch
         // is enqueued and ordered by cudarc's stream events; the workspace addresses are
         // every rank's live workspace, mapped here until teardown, which synchronises first;
         // peer inputs and outputs are symmetric allocations of this communicator, mapped here
@@ -1417,7 +1443,11 @@ impl Comm {
         Ok(Status::Success)
     }
 
-    /// Reduce to `root` (`recvbuff` only on the root).
+    /// Reduce to `root` (cudarc's `reduce`): the root's `recvbuff` receives the reduction
+    /// over ranks of `sendbuff` (the same length); `recvbuff` is written on the root only, as
+    /// NCCL's. It runs as the ReduceScatterV in which only the root receives
+    /// ([`broadcast_counts`]): one kernel (from symmetric inputs with one copy), every
+    /// rank's input into the root's links, as [`Comm::broadcast`] out of them.
     pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
         &self,
         sendbuff: &S,
@@ -1425,25 +1455,37 @@ impl Comm {
         reduce_op: &ReduceOp,
         root: i32,
     ) -> Result<Status, Error> {
-        let _ = reduce_op;
         let root = self.check_peer(root)?;
-        if root == self.rank && recvbuff.is_none() {
-            return Err(Error::InvalidArgument("reduce: the root must pass a receive buffer".into()));
+        let counts = broadcast_counts(self.world, root, sendbuff.len());
+        let spec = CollectiveSpec::reduce_scatter_v(self.world as u32, snac_dtype::<T>(), snac_op(reduce_op), counts);
+        match recvbuff {
+            Some(recv) if root == self.rank => self.collective(spec, sendbuff, recv),
+            None if root == self.rank => {
+                Err(Error::InvalidArgument("reduce: the root must pass a receive buffer".into()))
+            }
+            // A peer receives nothing: an empty output, never written.
+            _ => {
+                spec.validate()?;
+                spec.check_buffers(self.rank as u32, sendbuff.len() as u64, 0)?;
+                self.check_device(sendbuff)?;
+                let (input, _record_in) = sendbuff.device_ptr(&self.stream);
+                self.collective_at(spec, input, 0)
+            }
         }
-        let r = recvbuff.map_or(sendbuff.len(), |b| b.len());
-        self.enqueue_check::<T>("reduce", sendbuff.len(), r, r == sendbuff.len())
     }
 
-    /// In-place Reduce to `root`.
+    /// In-place Reduce to `root`: the result lands in the root's `recvbuff`; the other ranks'
+    /// are read and left as they were (the in-place ReduceScatterV of [`Comm::reduce`]).
     pub fn reduce_in_place<R: DevicePtrMut<T>, T: NcclType>(
         &self,
         recvbuff: &mut R,
         reduce_op: &ReduceOp,
         root: i32,
     ) -> Result<Status, Error> {
-        let _ = reduce_op;
-        self.check_peer(root)?;
-        self.enqueue_check::<T>("reduce", recvbuff.len(), recvbuff.len(), true)
+        let root = self.check_peer(root)?;
+        let counts = broadcast_counts(self.world, root, recvbuff.len());
+        let spec = CollectiveSpec::reduce_scatter_v(self.world as u32, snac_dtype::<T>(), snac_op(reduce_op), counts);
+        self.collective_in_place(spec, recvbuff)
     }
 
     /// ReduceScatter: `sendbuff` holds `world` × `recvbuff.len()` elements.
@@ -1561,6 +1603,14 @@ impl PeerBuffers {
             rt.peer_input = p;
         }
     }
+}
+
+/// The per-rank counts that make a Broadcast from (or a Reduce to) `root` of `len` elements
+/// the AllGatherV (ReduceScatterV) in which only the root contributes (receives): `len` at
+/// the root, 0 elsewhere. The root's part is then at offset 0 of every buffer, which is where
+/// the in-place forms keep it.
+pub(crate) fn broadcast_counts(world: usize, root: usize, len: usize) -> Vec<u64> {
+    (0..world).map(|q| if q == root { len as u64 } else { 0 }).collect()
 }
 
 /// Elements per partition of a `len`-element buffer split among `world` ranks, or an

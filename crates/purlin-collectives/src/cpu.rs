@@ -232,8 +232,8 @@ enum AllocOutcome {
 struct SymmetricCall {
     spec: CollectiveSpec,
     in_place: bool,
-    /// The allocation ([`SymmetricAlloc::id`]) of the input and of the output where the plan
-    /// configuration shares them with peers (`PlanConfig::peer_inputs`, `peer_outputs`).
+    /// The allocation ([`SymmetricAlloc::id`]) of the input and of the output where the
+    /// collective's one-copy plan shares them with peers (`derive::one_copy_roles`).
     input: Option<usize>,
     output: Option<usize>,
 }
@@ -543,6 +543,93 @@ impl CpuComm {
         self.run(self.mode(spec), Bufs::Separate(send.host_region(), recv.host_region_mut()))
     }
 
+    fn check_root(&self, root: usize, what: &str) -> Result<(), Error> {
+        if root >= self.world_size() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: root {root} is not in a world of {}",
+                self.world_size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Broadcast from `root`: every rank's `recv` receives the root's `send` (the same
+    /// length); `send` is read on the root only, as NCCL's. The AllGatherV in which only the
+    /// root contributes (as `Comm::broadcast`).
+    pub fn broadcast<S, R, T>(&self, send: Option<&S>, recv: &mut R, root: usize) -> Result<(), Error>
+    where
+        S: CpuBuffer<T> + ?Sized,
+        R: CpuBufferMut<T> + ?Sized,
+        T: CpuType,
+    {
+        self.check_root(root, "broadcast")?;
+        let recv = recv.host_region_mut();
+        let counts = crate::comm::broadcast_counts(self.world_size(), root, elems::<T>(&recv) as usize);
+        let spec = self.mode(CollectiveSpec::all_gather_v(self.world_u32(), T::DATA_TYPE, counts));
+        let send = match send {
+            Some(send) if root == self.rank => send.host_region(),
+            None if root == self.rank => {
+                return Err(Error::InvalidArgument("broadcast: the root must pass a send buffer".into()));
+            }
+            // A peer contributes nothing.
+            _ => HostRegion::empty(),
+        };
+        self.run(spec, Bufs::Separate(send, recv))
+    }
+
+    /// In-place broadcast from `root`: the root's `buf` is sent, every other rank's
+    /// overwritten.
+    pub fn broadcast_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+        &self,
+        buf: &mut B,
+        root: usize,
+    ) -> Result<(), Error> {
+        self.check_root(root, "broadcast_in_place")?;
+        let buf = buf.host_region_mut();
+        let counts = crate::comm::broadcast_counts(self.world_size(), root, elems::<T>(&buf) as usize);
+        let spec = self.mode(CollectiveSpec::all_gather_v(self.world_u32(), T::DATA_TYPE, counts));
+        self.run(spec, Bufs::InPlace(buf))
+    }
+
+    /// Reduce to `root`: the root's `recv` receives the reduction over ranks of `send` (the
+    /// same length); `recv` is written on the root only, as NCCL's. The ReduceScatterV in
+    /// which only the root receives (as `Comm::reduce`).
+    pub fn reduce<S, R, T>(&self, send: &S, recv: Option<&mut R>, op: &ReduceOp, root: usize) -> Result<(), Error>
+    where
+        S: CpuBuffer<T> + ?Sized,
+        R: CpuBufferMut<T> + ?Sized,
+        T: CpuType,
+    {
+        self.check_root(root, "reduce")?;
+        let send = send.host_region();
+        let counts = crate::comm::broadcast_counts(self.world_size(), root, elems::<T>(&send) as usize);
+        let spec = self.mode(CollectiveSpec::reduce_scatter_v(self.world_u32(), T::DATA_TYPE, snac_op(op), counts));
+        let recv = match recv {
+            Some(recv) if root == self.rank => recv.host_region_mut(),
+            None if root == self.rank => {
+                return Err(Error::InvalidArgument("reduce: the root must pass a receive buffer".into()));
+            }
+            // A peer receives nothing.
+            _ => HostRegion::empty(),
+        };
+        self.run(spec, Bufs::Separate(send, recv))
+    }
+
+    /// In-place Reduce to `root`: the result lands in the root's `buf`; the other ranks' are
+    /// read and left as they were.
+    pub fn reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+        &self,
+        buf: &mut B,
+        op: &ReduceOp,
+        root: usize,
+    ) -> Result<(), Error> {
+        self.check_root(root, "reduce_in_place")?;
+        let buf = buf.host_region_mut();
+        let counts = crate::comm::broadcast_counts(self.world_size(), root, elems::<T>(&buf) as usize);
+        let spec = self.mode(CollectiveSpec::reduce_scatter_v(self.world_u32(), T::DATA_TYPE, snac_op(op), counts));
+        self.run(spec, Bufs::InPlace(buf))
+    }
+
     /// Any collective on raw bytes: `spec` says what (its world must be this communicator's;
     /// its mode is used as given). For bindings and benchmarks; the typed methods are sugar
     /// over this. Lengths are checked against the spec (a byte length that is not a whole
@@ -738,13 +825,14 @@ impl CpuComm {
         if let Some(p) = peers.outputs {
             buffers.peer_outputs = p;
         }
-        // Peers reach this rank's memory only in one-copy plans, in the roles the plan
-        // configuration shares. The decision is the call's, not this rank's plan's: a rank
-        // that contributes nothing may write no peer yet have its output written.
+        // Peers reach this rank's memory only in one-copy plans, in the roles the collective
+        // shares. The decision is the call's, not this rank's plan's: a rank that contributes
+        // nothing may write no peer yet have its output written.
         let one_copy = cfg.regime == Regime::Throughput && purlin_snac::derive::one_copy(&spec, &cfg);
         if one_copy {
-            let input = peers.input_alloc.filter(|_| cfg.peer_inputs);
-            let output = peers.output_alloc.filter(|_| cfg.peer_outputs);
+            let (shares_inputs, shares_outputs) = purlin_snac::derive::one_copy_roles(spec.collective);
+            let input = peers.input_alloc.filter(|_| shares_inputs);
+            let output = peers.output_alloc.filter(|_| shares_outputs);
             self.meet_symmetric_call(SymmetricCall { spec: spec.clone(), in_place, input, output })?;
         }
         let ran = sh.world.execute(&plan, buffers, false).map(drop);

@@ -250,6 +250,14 @@ pub(crate) mod region {
         pub(crate) symmetric: Option<(&'a SymmetricAlloc, usize)>,
     }
 
+    impl HostRegion<'_> {
+        /// No bytes (a side of a call that moves none: a Broadcast peer's input, a Reduce
+        /// peer's output); the pointer is dangling and never dereferenced.
+        pub(crate) fn empty() -> Self {
+            HostRegion { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(), bytes: 0, symmetric: None }
+        }
+    }
+
     /// Sealed: what makes a type a [`super::CpuBuffer`].
     pub trait Readable<T> {
         /// The bytes a call may read for as long as `self` is borrowed.

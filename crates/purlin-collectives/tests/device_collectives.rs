@@ -664,3 +664,70 @@ fn symmetric_buffers_take_one_copy_and_match_the_reference() {
     assert!(one_copy >= 2 * cases_per_size.len() * g.streams.len(), "the throughput sizes ran one-copy");
     assert_eq!(wrong, 0);
 }
+
+/// Broadcast and Reduce (cudarc's `broadcast`, `broadcast_in_place`, `reduce`,
+/// `reduce_in_place`; the V forms with one contributing / receiving rank) from every root,
+/// in both regimes (sizes across the band), on plain and symmetric buffers: every rank gets
+/// the root's input, the root gets the sum (small integers: exact), a peer's receive buffer
+/// of a Reduce is not written and its in-place buffer stays as it was.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+fn broadcast_and_reduce_from_every_root() {
+    let Some(g) = gpus() else { panic!("needs 2 GPUs") };
+    let comms = Comm::from_devices_with_config(g.streams.clone(), config(None, StagingSide::Peer)).expect("set-up");
+    let world = comms.len();
+    let value = |r: usize, i: usize| ((i * 7 + r * 13) % 23) as f32;
+    let (mut calls, mut wrong) = (0, 0);
+    let mut check = |got: Vec<f32>, want: &dyn Fn(usize) -> f32, what: String| {
+        let bad = got.iter().enumerate().filter(|&(i, &v)| v != want(i)).count();
+        if bad > 0 {
+            println!("{what}: {bad} wrong elements");
+        }
+        wrong += bad;
+        calls += 1;
+    };
+    for n in [1, 4099, 300_001, 3 << 20] {
+        let mut sym_send = Comm::alloc_symmetric_group::<f32>(&comms, n).expect("symmetric inputs");
+        let mut sym_recv = Comm::alloc_symmetric_group::<f32>(&comms, n).expect("symmetric outputs");
+        for root in 0..world {
+            let mut plain = vec![];
+            for (r, c) in comms.iter().enumerate() {
+                let s = c.stream();
+                let x: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
+                let send = s.clone_htod(&x).expect("input");
+                s.memcpy_htod(&x, &mut sym_send[r]).expect("upload");
+                plain.push((send, s.clone_htod(&vec![-1f32; n]).expect("out"), s.clone_htod(&x).expect("in place")));
+            }
+            // Enqueue every rank's calls (they run together), then read back.
+            let mut reduced: Vec<CudaSlice<f32>> = vec![];
+            for (r, c) in comms.iter().enumerate() {
+                let root32 = root as i32;
+                let (send, out, inplace) = &mut plain[r];
+                c.broadcast(Some(&*send), out, root32).expect("broadcast");
+                c.broadcast(Some(&sym_send[r]), &mut sym_recv[r], root32).expect("symmetric broadcast");
+                let mut red = c.stream().clone_htod(&vec![-7f32; n]).expect("reduce out");
+                c.reduce(&*send, Some(&mut red), &ReduceOp::Sum, root32).expect("reduce");
+                reduced.push(red);
+                c.reduce_in_place(inplace, &ReduceOp::Sum, root32).expect("reduce in place");
+            }
+            let root_input = |i: usize| value(root, i);
+            let sum = |i: usize| (0..world).map(|q| value(q, i)).sum::<f32>();
+            for (r, c) in comms.iter().enumerate() {
+                let s = c.stream();
+                let what = |k: &str| format!("n {n} root {root} rank {r} {k}");
+                check(s.clone_dtoh(&plain[r].1).expect("read"), &root_input, what("broadcast"));
+                check(s.clone_dtoh(&sym_recv[r]).expect("read"), &root_input, what("symmetric broadcast"));
+                let own = |i: usize| value(r, i);
+                let (want_reduce, want_in_place): (&dyn Fn(usize) -> f32, &dyn Fn(usize) -> f32) =
+                    if r == root { (&sum, &sum) } else { (&|_| -7.0, &own) };
+                check(s.clone_dtoh(&reduced[r]).expect("read"), want_reduce, what("reduce"));
+                check(s.clone_dtoh(&plain[r].2).expect("read"), want_in_place, what("reduce in place"));
+                c.async_error().expect("no device error");
+            }
+        }
+        Comm::free_symmetric_group(&comms, sym_recv).expect("free");
+        Comm::free_symmetric_group(&comms, sym_send).expect("free");
+    }
+    println!("EXEC broadcast/reduce: {calls} results on {world} ranks, {wrong} wrong elements");
+    assert_eq!(wrong, 0);
+}

@@ -484,3 +484,74 @@ fn a_chunk_halved_to_fit_the_staging_is_what_gets_verified() {
         }
     }
 }
+
+/// Broadcast and Reduce (the V forms with one contributing / receiving rank), out of place and
+/// in place, every root, in both regimes, against a reference computed here: every rank gets
+/// the root's input; the root gets the element-wise op over ranks (small integers: exact); a
+/// non-root's send buffer (broadcast) is ignored and its receive buffer (reduce) untouched.
+#[test]
+fn broadcast_and_reduce_from_every_root() {
+    fn input(rank: usize, i: usize) -> i32 {
+        ((i * 7 + rank * 13) % 23) as i32 - 11
+    }
+    let mut calls = 0;
+    for (world, setup, n) in [(2, Setup::Latency, 5), (3, Setup::ThroughputPeer, 1500), (5, Setup::ThroughputOwn, 777)]
+    {
+        let comms = comms(world, setup, ReductionMode::Deterministic);
+        for root in 0..world {
+            for (op, fold) in [(ReduceOp::Sum, i32::wrapping_add as fn(i32, i32) -> i32), (ReduceOp::Max, i32::max)] {
+                let results = std::thread::scope(|s| {
+                    let hs: Vec<_> = comms
+                        .iter()
+                        .map(|c| {
+                            let op = &op;
+                            s.spawn(move || -> Result<[Vec<i32>; 4], Error> {
+                                let r = c.rank();
+                                let x: Vec<i32> = (0..n).map(|i| input(r, i)).collect();
+                                // Broadcast: a non-root passes garbage it must not send.
+                                let garbage = vec![i32::MIN; n];
+                                let mut got = vec![-1; n];
+                                c.broadcast(Some(if r == root { &x } else { &garbage }), &mut got, root)?;
+                                let mut inplace = if r == root { x.clone() } else { vec![-1; n] };
+                                c.broadcast_in_place(&mut inplace, root)?;
+                                // Reduce: a non-root's receive buffer stays as it was.
+                                let mut reduced = vec![-7; n];
+                                c.reduce(&x, Some(&mut reduced), op, root)?;
+                                let mut reduced_in_place = x.clone();
+                                c.reduce_in_place(&mut reduced_in_place, op, root)?;
+                                Ok([got, inplace, reduced, reduced_in_place])
+                            })
+                        })
+                        .collect();
+                    hs.into_iter().map(|h| h.join().expect("rank thread")).collect::<Vec<_>>()
+                });
+                let root_input: Vec<i32> = (0..n).map(|i| input(root, i)).collect();
+                let folded: Vec<i32> =
+                    (0..n).map(|i| (1..world).fold(input(0, i), |a, q| fold(a, input(q, i)))).collect();
+                for (r, got) in results.into_iter().enumerate() {
+                    let what = format!("world {world} {setup:?} root {root} {op:?} rank {r}");
+                    let [bcast, bcast_in_place, reduced, reduced_in_place] =
+                        got.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(bcast, root_input, "{what}: broadcast");
+                    assert_eq!(bcast_in_place, root_input, "{what}: broadcast in place");
+                    let own: Vec<i32> = (0..n).map(|i| input(r, i)).collect();
+                    if r == root {
+                        assert_eq!(reduced, folded, "{what}: reduce");
+                        assert_eq!(reduced_in_place, folded, "{what}: reduce in place");
+                    } else {
+                        assert_eq!(reduced, vec![-7; n], "{what}: a peer's receive buffer is not written");
+                        assert_eq!(reduced_in_place, own, "{what}: a peer's buffer is left as it was");
+                    }
+                    calls += 4;
+                }
+            }
+        }
+    }
+    // Bad roots and a missing root buffer are typed errors on the rank that made them.
+    let comms = comms(2, Setup::Latency, ReductionMode::Deterministic);
+    let mut buf = vec![0i32; 4];
+    assert!(matches!(comms[0].broadcast_in_place(&mut buf, 2), Err(Error::InvalidArgument(_))));
+    assert!(matches!(comms[0].broadcast::<[i32], _, _>(None, &mut buf, 0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(comms[1].reduce::<_, [i32], _>(&buf, None, &ReduceOp::Sum, 1), Err(Error::InvalidArgument(_))));
+    println!("{calls} broadcast and reduce calls matched the reference");
+}

@@ -328,3 +328,42 @@ fn deterministic_one_copy_reductions_are_bitwise_the_staged_ones() {
         }
     }
 }
+
+/// Broadcast into symmetric outputs and Reduce from symmetric inputs take the one-copy plans
+/// (the root stores straight into every peer's output; the root reduces straight from every
+/// peer's input); the root may pass a symmetric or a plain send buffer (a broadcast shares
+/// only the outputs).
+#[test]
+fn broadcast_and_reduce_on_symmetric_buffers_take_one_copy() {
+    let comms = comms(3, Setup::ThroughputOwn, ReductionMode::Deterministic);
+    let n = 2000;
+    let value = |r: usize, i: usize| (i % 97) as f32 + r as f32;
+    for root in 0..3 {
+        // Per rank: what the broadcast gave, what the reduce gave, and whether each was one-copy.
+        type Got = (Vec<f32>, Vec<f32>, [bool; 2]);
+        let results = on_every_rank(&comms, |r, c| -> Result<Got, Error> {
+            let x: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
+            let mut send = c.alloc_symmetric::<f32>(n)?;
+            send.copy_from_host(&x)?;
+            let mut recv = c.alloc_symmetric::<f32>(n)?;
+            if r == root && root == 1 {
+                c.broadcast(Some(&x), &mut recv, root)?; // plain send on the root
+            } else {
+                c.broadcast(Some(&send), &mut recv, root)?;
+            }
+            let one_copy_broadcast = c.last_call().expect("a call").one_copy;
+            let got = recv.to_vec();
+            let mut reduced = vec![0f32; n];
+            c.reduce(&send, Some(&mut reduced), &ReduceOp::Sum, root)?;
+            Ok((got, reduced, [one_copy_broadcast, c.last_call().expect("a call").one_copy]))
+        });
+        for (r, got) in results.into_iter().enumerate() {
+            let (bcast, reduced, one_copy) = got.unwrap_or_else(|e| panic!("root {root} rank {r}: {e}"));
+            assert_eq!(one_copy, [true, true], "root {root} rank {r}");
+            assert_eq!(bcast, (0..n).map(|i| value(root, i)).collect::<Vec<_>>(), "root {root} rank {r}: broadcast");
+            let want: Vec<f32> =
+                if r == root { (0..n).map(|i| (0..3).map(|q| value(q, i)).sum()).collect() } else { vec![0.0; n] };
+            assert_eq!(reduced, want, "root {root} rank {r}: reduce");
+        }
+    }
+}

@@ -251,13 +251,21 @@ pub fn flag_segment(cfg: &PlanConfig, world: u32) -> u32 {
 /// that a staged plan never mistakes their signals for its own.
 pub(crate) const ONE_COPY_FLAGS: u32 = 2;
 
+/// Which buffers a one-copy plan of `c` shares with the peers, `(inputs, outputs)`: the
+/// ones that must be registered for it ([`PlanConfig::peer_inputs`], `peer_outputs`); it
+/// ignores the other flag.
+pub fn one_copy_roles(c: Collective) -> (bool, bool) {
+    match c {
+        Collective::AllReduce => (true, true),
+        Collective::ReduceScatter | Collective::ReduceScatterV => (true, false),
+        Collective::AllGather | Collective::AllGatherV | Collective::AllToAll | Collective::AllToAllV => (false, true),
+    }
+}
+
 /// Whether a throughput plan of `spec` takes the one-copy path under `cfg`.
 pub fn one_copy(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
-    match spec.collective {
-        Collective::AllReduce => cfg.peer_inputs && cfg.peer_outputs,
-        Collective::ReduceScatter | Collective::ReduceScatterV => cfg.peer_inputs,
-        _ => cfg.peer_outputs,
-    }
+    let (inputs, outputs) = one_copy_roles(spec.collective);
+    (!inputs || cfg.peer_inputs) && (!outputs || cfg.peer_outputs)
 }
 
 /// Whether an AllReduce is planned two-shot/composed under `cfg`.
