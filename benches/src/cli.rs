@@ -59,6 +59,7 @@ usage: purlin-bench [options]          one process, one thread per GPU
 
   --collective LIST  all | all-reduce,all-gather,reduce-scatter,all-to-all,
                      all-gather-v,reduce-scatter-v,all-to-all-v        [all]
+                     and, named only, broadcast,reduce (root 0)
   --dtype T          f32 f16 bf16 f64 i8 u8 i32 u32 i64 u64 e4m3 e5m2  [f32]
   --op OP            sum prod min max avg (reducing collectives)       [sum]
   --min SIZE         smallest size, bytes (8, 1K, 64M, 1G)             [8]
@@ -78,7 +79,8 @@ usage: purlin-bench [options]          one process, one thread per GPU
   --in-place         every call in place, NCCL's convention (nccl-tests' in-place
                      columns): AllReduce on one buffer, AllGather with the rank's
                      part already in the output, ReduceScatter into the rank's part
-                     of the input; AllToAll and the V forms: unsupported
+                     of the input, Broadcast and Reduce on the root's buffer;
+                     AllToAll and the V forms: unsupported
   --symmetric        Purlin's send and receive buffers are symmetric memory
                      (Comm::alloc_symmetric): calls that would be staged take the
                      one-copy path (stores into the peers' outputs, reductions

@@ -147,6 +147,9 @@ pub fn spec_of(case: &Case, comm: &CpuComm) -> CollectiveSpec {
         Collective::AllGatherV => CollectiveSpec::all_gather_v(w, dt, u(case.parts())),
         Collective::ReduceScatterV => CollectiveSpec::reduce_scatter_v(w, dt, op(), u(case.parts())),
         Collective::AllToAllV => CollectiveSpec::all_to_all_v(w, dt, case.matrix.iter().map(|r| u(r)).collect()),
+        // As `CpuComm::broadcast` and `reduce` make them: the root's part only.
+        Collective::Broadcast => CollectiveSpec::all_gather_v(w, dt, u(case.parts())),
+        Collective::Reduce => CollectiveSpec::reduce_scatter_v(w, dt, op(), u(case.parts())),
     };
     spec.with_mode(comm.config().mode)
 }

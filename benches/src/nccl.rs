@@ -262,6 +262,18 @@ impl Nccl {
                 }
                 Ok(())
             }),
+            Collective::Broadcast => {
+                // SAFETY: see above; count elements out, count in on the root (rank 0; a
+                // peer's send pointer is not read).
+                let res = unsafe { sys::ncclBroadcast(s(0), d(0), case.count, dt, 0, comm, stream) };
+                check(res, "ncclBroadcast")
+            }
+            Collective::Reduce => {
+                // SAFETY: see above; count elements in, count out on the root (rank 0; a
+                // peer's receive pointer is not written).
+                let res = unsafe { sys::ncclReduce(s(0), d(0), case.count, dt, rop, 0, comm, stream) };
+                check(res, "ncclReduce")
+            }
             Collective::ReduceScatterV => group(|| {
                 for p in 0..n {
                     let (off, count) = (case.part_offset(p), case.parts()[p]);

@@ -143,6 +143,9 @@ fn call_typed<T: NcclType + cudarc::driver::DeviceRepr>(
     call_into(comm, &s, &mut d, case)
 }
 
+/// The root of the rooted collectives (nccl-tests' default).
+const ROOT: i32 = 0;
+
 /// One call of `case` on `s` into `d` (in place: on `d` alone).
 fn call_into<T: NcclType + cudarc::driver::DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
     comm: &Comm,
@@ -155,6 +158,8 @@ fn call_into<T: NcclType + cudarc::driver::DeviceRepr, S: DevicePtr<T>, R: Devic
             Collective::AllReduce => comm.all_reduce_in_place(d, &op(case.op)),
             Collective::AllGather => comm.all_gather_in_place(d),
             Collective::ReduceScatter => comm.reduce_scatter_in_place(d, &op(case.op)),
+            Collective::Broadcast => comm.broadcast_in_place(d, ROOT),
+            Collective::Reduce => comm.reduce_in_place(d, &op(case.op), ROOT),
             other => return Err(CallError::Unsupported(format!("{other} has no in-place form"))),
         };
         return res.map(drop).map_err(map_err);
@@ -168,6 +173,9 @@ fn call_into<T: NcclType + cudarc::driver::DeviceRepr, S: DevicePtr<T>, R: Devic
         Collective::AllGatherV => comm.all_gather_v(s, d, &case.matrix[0]),
         Collective::ReduceScatterV => comm.reduce_scatter_v(s, d, &case.matrix[0], &op(case.op)),
         Collective::AllToAllV => comm.all_to_all_v(s, d, &case.matrix),
+        // A peer's send (broadcast) and receive (reduce) views are empty and ignored.
+        Collective::Broadcast => comm.broadcast(Some(s), d, ROOT),
+        Collective::Reduce => comm.reduce(s, Some(d), &op(case.op), ROOT),
     };
     res.map(drop).map_err(map_err)
 }

@@ -34,6 +34,10 @@ pub enum Collective {
     ReduceScatterV,
     /// AllToAll with per-pair sizes (Zipf-skewed towards low destination ranks).
     AllToAllV,
+    /// Rank 0's buffer to every rank (nccl-tests' `broadcast_perf`, root 0).
+    Broadcast,
+    /// Reduce everything, rank 0 gets the result (nccl-tests' `reduce_perf`, root 0).
+    Reduce,
 }
 
 impl Collective {
@@ -48,6 +52,22 @@ impl Collective {
         Collective::AllToAllV,
     ];
 
+    /// The rooted collectives (root 0), swept only when named (`all` is [`Collective::ALL`]).
+    pub const ROOTED: [Collective; 2] = [Collective::Broadcast, Collective::Reduce];
+
+    /// Every collective the benchmark knows: [`Collective::ALL`], then [`Collective::ROOTED`].
+    pub const EVERY: [Collective; 9] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+        Collective::AllGatherV,
+        Collective::ReduceScatterV,
+        Collective::AllToAllV,
+        Collective::Broadcast,
+        Collective::Reduce,
+    ];
+
     /// The command-line (and CSV) name.
     pub fn name(self) -> &'static str {
         match self {
@@ -58,6 +78,8 @@ impl Collective {
             Collective::AllGatherV => "all-gather-v",
             Collective::ReduceScatterV => "reduce-scatter-v",
             Collective::AllToAllV => "all-to-all-v",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
         }
     }
 
@@ -69,11 +91,11 @@ impl Collective {
                 out.extend(Collective::ALL);
                 continue;
             }
-            match Collective::ALL.iter().find(|c| c.name() == part) {
+            match Collective::EVERY.iter().find(|c| c.name() == part) {
                 Some(c) => out.push(*c),
                 None => bail!(
                     "unknown collective {part:?}; expected all or one of {}",
-                    Collective::ALL.map(|c| c.name()).join(", ")
+                    Collective::EVERY.map(|c| c.name()).join(", ")
                 ),
             }
         }
@@ -86,7 +108,10 @@ impl Collective {
 
     /// Whether the collective reduces (takes a reduce op).
     pub fn reduces(self) -> bool {
-        matches!(self, Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV)
+        matches!(
+            self,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce
+        )
     }
 
     /// Whether partition sizes vary per rank.
@@ -94,12 +119,14 @@ impl Collective {
         matches!(self, Collective::AllGatherV | Collective::ReduceScatterV | Collective::AllToAllV)
     }
 
-    /// nccl-tests' bus-bandwidth factor: busbw = algbw × factor. AllReduce 2(n−1)/n, the
-    /// others (n−1)/n (the V forms use their non-V form's factor on the nominal size).
+    /// nccl-tests' bus-bandwidth factor: busbw = algbw × factor. AllReduce 2(n−1)/n,
+    /// Broadcast and Reduce 1, the others (n−1)/n (the V forms use their non-V form's factor
+    /// on the nominal size).
     pub fn busbw_factor(self, world: usize) -> f64 {
         let n = world as f64;
         match self {
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::Broadcast | Collective::Reduce => 1.0,
             _ => (n - 1.0) / n,
         }
     }
@@ -111,6 +138,8 @@ impl Collective {
             Collective::AllGather | Collective::AllGatherV => "each rank's whole output (all contributions)",
             Collective::ReduceScatter | Collective::ReduceScatterV => "each rank's whole input (all partitions)",
             Collective::AllToAll | Collective::AllToAllV => "each rank's whole input (all it sends)",
+            Collective::Broadcast => "the buffer broadcast (every rank's output)",
+            Collective::Reduce => "the buffer each rank reduces (the root's output)",
         }
     }
 }
@@ -661,6 +690,13 @@ impl Case {
                 let row = zipf_split(elems, n, skew);
                 (elems, vec![row; n])
             }
+            // The AllGatherV / ReduceScatterV whose only nonzero part is the root's (rank 0).
+            Collective::Broadcast | Collective::Reduce => {
+                if elems == 0 {
+                    return None;
+                }
+                (elems, vec![(0..n).map(|p| if p == 0 { elems } else { 0 }).collect()])
+            }
         };
         Some(Case {
             collective,
@@ -677,8 +713,9 @@ impl Case {
 
     /// Rank `rank`'s in-place layout, NCCL's convention: AllReduce on the whole buffer,
     /// AllGather with the rank's input at partition `rank` of the output, ReduceScatter
-    /// with the output at partition `rank` of the input. `None`: an out-of-place case, or a
-    /// collective with no in-place form (AllToAll and the V forms).
+    /// with the output at partition `rank` of the input, Broadcast and Reduce on the whole
+    /// buffer (the root's part at 0). `None`: an out-of-place case, or a collective with no
+    /// in-place form (AllToAll and the V forms).
     pub fn in_place_layout(&self, rank: usize) -> Option<InPlaceLayout> {
         if !self.in_place {
             return None;
@@ -688,6 +725,10 @@ impl Case {
             Collective::AllReduce => Some(InPlaceLayout { len: output, input_at: 0, output_at: 0 }),
             Collective::AllGather => Some(InPlaceLayout { len: output, input_at: rank * input, output_at: 0 }),
             Collective::ReduceScatter => Some(InPlaceLayout { len: input, input_at: 0, output_at: rank * output }),
+            // The root's part at offset 0, the whole buffer on every rank.
+            Collective::Broadcast | Collective::Reduce => {
+                Some(InPlaceLayout { len: self.count, input_at: 0, output_at: 0 })
+            }
             _ => None,
         }
     }
@@ -725,8 +766,10 @@ impl Case {
     /// Input elements of `rank`.
     pub fn in_count(&self, rank: usize) -> usize {
         match self.collective {
-            Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV => self.count,
-            Collective::AllGather | Collective::AllGatherV => self.parts()[rank],
+            Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => {
+                self.count
+            }
+            Collective::AllGather | Collective::AllGatherV | Collective::Broadcast => self.parts()[rank],
             Collective::AllToAll | Collective::AllToAllV => self.matrix[rank].iter().sum(),
         }
     }
@@ -734,8 +777,10 @@ impl Case {
     /// Output elements of `rank`.
     pub fn out_count(&self, rank: usize) -> usize {
         match self.collective {
-            Collective::AllReduce | Collective::AllGather | Collective::AllGatherV => self.count,
-            Collective::ReduceScatter | Collective::ReduceScatterV => self.parts()[rank],
+            Collective::AllReduce | Collective::AllGather | Collective::AllGatherV | Collective::Broadcast => {
+                self.count
+            }
+            Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => self.parts()[rank],
             Collective::AllToAll | Collective::AllToAllV => (0..self.world).map(|p| self.matrix[p][rank]).sum(),
         }
     }
@@ -745,10 +790,10 @@ impl Case {
         let n = self.world;
         match self.collective {
             Collective::AllReduce => vec![Segment::Reduce { out: 0, input: 0, len: self.count }],
-            Collective::AllGather | Collective::AllGatherV => (0..n)
+            Collective::AllGather | Collective::AllGatherV | Collective::Broadcast => (0..n)
                 .map(|p| Segment::Copy { out: self.part_offset(p), from: p, input: 0, len: self.parts()[p] })
                 .collect(),
-            Collective::ReduceScatter | Collective::ReduceScatterV => {
+            Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => {
                 vec![Segment::Reduce { out: 0, input: self.part_offset(rank), len: self.parts()[rank] }]
             }
             Collective::AllToAll | Collective::AllToAllV => (0..n)
@@ -925,7 +970,10 @@ mod tests {
             Collective::parse_list("all-reduce,all-to-all-v").unwrap(),
             vec![Collective::AllReduce, Collective::AllToAllV]
         );
-        assert!(Collective::parse_list("broadcast").is_err());
+        // The rooted collectives only when named.
+        assert_eq!(Collective::parse_list("broadcast,reduce").unwrap(), Collective::ROOTED.to_vec());
+        assert!(!Collective::parse_list("all").unwrap().contains(&Collective::Broadcast));
+        assert!(Collective::parse_list("gather").is_err());
         assert_eq!(Dtype::parse("bfloat16").unwrap(), Dtype::Bf16);
         assert_eq!(Dtype::parse("float8_e4m3fn").unwrap(), Dtype::F8E4M3);
         assert_eq!(Dtype::parse("e5m2").unwrap(), Dtype::F8E5M2);
@@ -956,7 +1004,7 @@ mod tests {
     #[test]
     fn expected_outputs_match_a_direct_simulation() {
         for world in [2, 3, 4] {
-            for c in Collective::ALL {
+            for c in Collective::EVERY {
                 for dtype in [Dtype::F32, Dtype::Bf16, Dtype::I8] {
                     for op in [Op::Sum, Op::Prod, Op::Max, Op::Avg] {
                         let case = Case::new(c, dtype, op, world, 1000, 1.0, 7).unwrap();
@@ -988,8 +1036,8 @@ mod tests {
         let red = |i: usize| reduce(case.op.unwrap_or(Op::Sum), (0..n).map(|p| inputs[p][i]));
         match case.collective {
             Collective::AllReduce => (0..case.count).map(red).collect(),
-            Collective::AllGather | Collective::AllGatherV => inputs.concat(),
-            Collective::ReduceScatter | Collective::ReduceScatterV => {
+            Collective::AllGather | Collective::AllGatherV | Collective::Broadcast => inputs.concat(),
+            Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => {
                 let off: usize = case.parts()[..r].iter().sum();
                 (off..off + case.parts()[r]).map(red).collect()
             }

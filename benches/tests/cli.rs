@@ -12,10 +12,10 @@ fn bench() -> Command {
 
 #[test]
 fn bad_arguments_exit_2_with_usage() {
-    let out = bench().args(["--collective", "broadcast"]).output().unwrap();
+    let out = bench().args(["--collective", "gather"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown collective \"broadcast\""), "{err}");
+    assert!(err.contains("unknown collective \"gather\""), "{err}");
     assert!(err.contains("usage: purlin-bench"), "{err}");
 }
 

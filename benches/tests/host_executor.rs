@@ -130,3 +130,34 @@ fn without_purlin_there_is_nothing_to_measure_and_it_says_why() {
     assert!(stdout.contains("# nccl: unavailable (NCCL needs GPUs"), "{stdout}");
     assert!(stdout.trim_end().ends_with("BENCH ok rows=0 wrong=0"), "{stdout}");
 }
+
+/// The rooted collectives, named (`all` leaves them out): Broadcast and Reduce from root 0,
+/// out of place and in place, every result checked (a peer's Reduce output is not compared:
+/// it receives nothing).
+#[test]
+fn host_executor_runs_broadcast_and_reduce_when_named() {
+    for in_place in [false, true] {
+        let dir = tmp(if in_place { "rooted-in-place" } else { "rooted" });
+        let mut args = vec!["--host", "--world", "3", "--collective", "broadcast,reduce", "--max", "64K", "--factor"];
+        args.extend(["64", "--iters", "2", "--runs", "2"]);
+        if in_place {
+            args.push("--in-place");
+        }
+        let out = bench(&args, Some(&dir));
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+        let rows = json["rows"].as_array().unwrap();
+        for c in ["broadcast", "reduce"] {
+            // 8 B, 512 B and 32 KiB.
+            assert_eq!(rows.iter().filter(|r| r["collective"] == c).count(), 3, "{c}: {stdout}");
+        }
+        for r in rows {
+            assert_eq!(r["cells"][0]["status"], "ok", "{r}");
+            assert_eq!(r["cells"][0]["wrong"], 0, "{r}");
+        }
+        assert!(stdout.trim_end().ends_with("BENCH ok rows=6 wrong=0"), "{stdout}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
