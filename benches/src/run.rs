@@ -106,7 +106,7 @@ impl Config {
 
     /// The case of `collective` at `bytes`, or None where the size is too small.
     pub fn case(&self, collective: Collective, bytes: usize, world: usize) -> Option<Case> {
-        let ci = Collective::EVERY.iter().position(|c| *c == collective).unwrap_or(0) as u64;
+        let ci = Collective::every().position(|c| c == collective).unwrap_or(0) as u64;
         let seed = self.seed ^ (ci << 56) ^ (bytes as u64).wrapping_mul(0x2545_F491_4F6C_DD1D);
         let mut case = Case::new(collective, self.dtype, self.op, world, bytes, self.skew, seed)?;
         case.in_place = self.in_place;
