@@ -1,6 +1,6 @@
 //! The communicator, shaped like `cudarc::nccl::Comm` (DESIGN.md §5).
 //!
-//! Two process models, one set-up sequence ([`setup`]):
+//! Two process models, one set-up sequence (`setup`):
 //! - **one process, several GPUs**: [`Comm::from_devices`] runs the set-up of every rank on
 //!   its own thread, the ranks meeting through an in-process [`HostComm`]; the workspace is
 //!   reached through peer access. Teardown happens when the last of the group's `Comm`s is
@@ -950,7 +950,7 @@ impl Comm {
 
     /// Broadcast from `root` (cudarc's `broadcast`): every rank's `recvbuff` receives the
     /// root's `sendbuff` (the same length). `sendbuff` is read on the root only, as NCCL's.
-    /// It runs as the AllGatherV in which only the root contributes ([`broadcast_counts`]):
+    /// It runs as the AllGatherV in which only the root contributes (counts 0 elsewhere):
     /// one kernel, every peer's bytes straight from the root (into symmetric outputs with
     /// one copy); at world 2 that is all a broadcast moves, while wider worlds load the
     /// root's links with `world - 1` copies where a ring would forward.
@@ -1445,8 +1445,8 @@ impl Comm {
 
     /// Reduce to `root` (cudarc's `reduce`): the root's `recvbuff` receives the reduction
     /// over ranks of `sendbuff` (the same length); `recvbuff` is written on the root only, as
-    /// NCCL's. It runs as the ReduceScatterV in which only the root receives
-    /// ([`broadcast_counts`]): one kernel (from symmetric inputs with one copy), every
+    /// NCCL's. It runs as the ReduceScatterV in which only the root receives (counts 0
+    /// elsewhere): one kernel (from symmetric inputs with one copy), every
     /// rank's input into the root's links, as [`Comm::broadcast`] out of them.
     pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
         &self,

@@ -9,7 +9,7 @@
 //! same plan. Everything here is `#[doc(hidden)]`.
 //!
 //! The kernel's trace (`kernels/snac/executor.cu`, `trace`): per block, `capacity` entries of
-//! [`TRACE_WORDS`] `u64` words; entry 0 holds the number of steps the block recorded (first
+//! `TRACE_WORDS` `u64` words; entry 0 holds the number of steps the block recorded (first
 //! word), the block's end time (second word) and its start time (third word), then one entry per executed step — `(block,
 //! word offset of the step's record in the parameter block, chunk, epoch at entry, start time
 //! in ns of the GPU's global timer)` — recorded before the step runs, inactive loop iterations

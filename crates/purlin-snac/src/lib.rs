@@ -11,7 +11,7 @@
 //! - [`spec`]: collective specs, validation, and their meaning ([`CollectiveSpec::segments`]).
 //! - [`plan`]: the plan data structure (the contract below), hand-construction helpers,
 //!   structural checks ([`Plan::check`], [`check_set`]), bincode (de)serialization.
-//! - [`derive`]: plan derivation for both regimes (the only producer of plans in this crate).
+//! - [`derive`](mod@derive): plan derivation for both regimes (the only producer of plans in this crate).
 //! - [`key`]: [`Plan::kernel_key`], the compile-time part of a plan.
 //! - [`params`]: the run-time parameter block (flat `u64` words with a documented layout).
 //!
