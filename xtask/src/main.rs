@@ -295,6 +295,7 @@ fn gpu_round(args: &[String]) -> Result<()> {
     }
     std::fs::write(out.join("run.sh"), RUN_SH)?;
     std::fs::write(out.join("lane_sweep.sh"), LANE_SWEEP_SH)?;
+    std::fs::write(out.join("one_gpu_check.sh"), ONE_GPU_CHECK_SH)?;
     let (size, tracked) = carried_bytes(&out, &root)?;
     println!(
         "gpu-round ready: {} ({copied} test executables, {:.1} MiB; with the tracked tree {:.1} MiB)",
@@ -438,6 +439,8 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 const RUN_SH: &str = include_str!("../gpu-round/run.sh");
 const COMMANDS_TXT: &str = include_str!("../gpu-round/commands.txt");
 const LANE_SWEEP_SH: &str = include_str!("../gpu-round/lane_sweep.sh");
+/// Broadcast/Reduce, symmetric and in-place checks on one GPU (two ranks sharing it).
+const ONE_GPU_CHECK_SH: &str = include_str!("../gpu-round/one_gpu_check.sh");
 
 #[cfg(test)]
 mod tests {
