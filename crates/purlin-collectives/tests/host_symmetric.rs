@@ -247,7 +247,6 @@ fn ranks_on_different_allocations_or_calls_all_get_a_mismatch_and_nothing_runs()
 
 #[test]
 fn calls_whose_plans_share_nothing_mix_symmetric_and_plain_buffers() {
-    // Short enough for the tests that wait one out, long enough for a loaded 2-core CI machine.
     let config = CpuConfig { timeout: Duration::from_secs(10), ..config(Setup::Latency, ReductionMode::Deterministic) };
     let comms = CpuComm::threads_with_config(2, config).expect("host communicators");
     let n = 16;
