@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A check on one GPU (both ranks on it, PURLIN_SHARED_GPU=1): Broadcast/Reduce on Comm, the
+# A check on one GPU (both ranks on it, PURLIN_SHARED_GPU=1): send/recv and Broadcast/Reduce on Comm, the
 # symmetric and in-place paths, and purlin-bench's broadcast/reduce with its result checks.
 # On the device: bash gpu-round/one_gpu_check.sh "$OUT" (packs one_gpu_check.tar.gz, prints a
 # summary last).
@@ -10,7 +10,7 @@ L=$(mktemp -d)/one_gpu_check; mkdir -p "$L"
 export NCCL_NVLS_ENABLE=0 PURLIN_KERNEL_CACHE=$HERE/kernel-cache RUST_BACKTRACE=1 PURLIN_SHARED_GPU=1
 date -u +%FT%TZ > "$L/date.txt"; nvidia-smi -L > "$L/gpu.txt" 2>&1
 T=$HERE/bin/device_collectives-test
-for t in broadcast_and_reduce_from_every_root symmetric_buffers_take_one_copy_and_match_the_reference in_place_gathers_and_scatters_match_the_reference; do
+for t in send_recv_and_groups_exchange_at_world_2 broadcast_and_reduce_from_every_root symmetric_buffers_take_one_copy_and_match_the_reference in_place_gathers_and_scatters_match_the_reference; do
   timeout 200 "$T" --ignored --exact "$t" --test-threads=1 --nocapture > "$L/$t.log" 2>&1
   echo "$t rc=$? $(grep -E '^test result:' "$L/$t.log" | tail -1) $(grep -E '^EXEC' "$L/$t.log" | tail -1)" >> "$L/summary.txt"
 done

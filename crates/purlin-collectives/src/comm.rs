@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
-    LaunchConfig, PushKernelArg, sys,
+    LaunchConfig, PushKernelArg, SyncOnDrop, sys,
 };
 use cudarc::nvrtc::Ptx;
 use purlin_atom::{Arch, KernelCache};
@@ -915,30 +915,63 @@ impl Comm {
         self.launch_ping_pong(peer, rounds, timeout)?.wait()
     }
 
-    /// Point-to-point calls are not collectives of every rank, which is what a SNAC plan is.
-    fn point_to_point<T: NcclType>(&self, what: &str) -> Result<Status, Error> {
-        if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            return Err(Error::Poisoned(why));
-        }
-        Err(Error::Unsupported(format!(
-            "{what} of {:?}: Purlin runs collectives of every rank, and a point-to-point {what} is not one \
-             (all_to_all_v with one nonzero pair moves the same bytes as a collective)",
-            T::data_type()
-        )))
-    }
-
-    /// Sends to one peer (cudarc's `send`): [`Error::Unsupported`] (see `point_to_point`).
+    /// Sends `data` to `peer` (cudarc's `send`); the peer's matching [`Comm::recv`] receives
+    /// it. At world 2 the pair is the whole world, so a send and its receive are one
+    /// collective: the AllToAllV of bytes with one nonzero count (`point_to_point_spec`), one
+    /// kernel on each side. Both ranks must make their point-to-point calls in the same order
+    /// (a send here meets a receive there); a send and a receive in one [`Group`] are one call.
+    /// Wider worlds answer [`Error::Unsupported`]: a pair of them is not every rank, which is
+    /// what a SNAC plan is made for (use [`Comm::all_to_all_v`]).
     pub fn send<S: DevicePtr<T>, T: NcclType>(&self, data: &S, peer: i32) -> Result<(), Error> {
-        let _ = data;
-        self.check_peer(peer)?;
-        self.point_to_point::<T>("send").map(drop)
+        let peer = self.check_peer(peer)?;
+        let send = Transfer { peer, bytes: byte_len::<T>(data.len()) };
+        let spec = point_to_point_spec(self.world, self.rank, Some(send), None)?;
+        self.check_device(data)?;
+        let (input, _record_in) = data.device_ptr(&self.stream);
+        self.point_to_point_at(spec, input, 0).map(drop)
     }
 
-    /// Receives from one peer (cudarc's `recv`): [`Error::Unsupported`], as [`Comm::send`].
+    /// Receives `buff.len()` elements from `peer` (cudarc's `recv`): the peer's matching
+    /// [`Comm::send`] must send as many bytes. See [`Comm::send`].
     pub fn recv<R: DevicePtrMut<T>, T: NcclType>(&self, buff: &mut R, peer: i32) -> Result<Status, Error> {
-        let _ = buff;
-        self.check_peer(peer)?;
-        self.point_to_point::<T>("recv")
+        let peer = self.check_peer(peer)?;
+        let recv = Transfer { peer, bytes: byte_len::<T>(buff.len()) };
+        let spec = point_to_point_spec(self.world, self.rank, None, Some(recv))?;
+        self.check_device(buff)?;
+        let (output, _record_out) = buff.device_ptr_mut(&self.stream);
+        self.point_to_point_at(spec, 0, output)
+    }
+
+    /// Sends `sendbuff` to `send_peer` and receives `recvbuff` from `recv_peer` in one call
+    /// (MPI's `Sendrecv`; what a [`Group`] holding one send and one receive runs at its end).
+    /// The peers' calls must mirror it: a [`Comm::send_recv`] or a group there, or a lone
+    /// receive (send) where this rank only sends (receives), that is a zero-length side.
+    pub fn send_recv<S: DevicePtr<T>, R: DevicePtrMut<U>, T: NcclType, U: NcclType>(
+        &self,
+        sendbuff: &S,
+        send_peer: i32,
+        recvbuff: &mut R,
+        recv_peer: i32,
+    ) -> Result<Status, Error> {
+        let send = Transfer { peer: self.check_peer(send_peer)?, bytes: byte_len::<T>(sendbuff.len()) };
+        let recv = Transfer { peer: self.check_peer(recv_peer)?, bytes: byte_len::<U>(recvbuff.len()) };
+        let spec = point_to_point_spec(self.world, self.rank, Some(send), Some(recv))?;
+        self.check_device(sendbuff)?;
+        self.check_device(recvbuff)?;
+        let (input, _record_in) = sendbuff.device_ptr(&self.stream);
+        let (output, _record_out) = recvbuff.device_ptr_mut(&self.stream);
+        self.point_to_point_at(spec, input, output)
+    }
+
+    /// A point-to-point call on device pointers the caller checked and keeps alive (0 for a
+    /// side of no bytes). Always the plain (staged or packet) plan: a sender has no output
+    /// buffer, so it cannot know whether the receiver's is symmetric, and both ranks must
+    /// run plans of one configuration.
+    fn point_to_point_at(&self, spec: CollectiveSpec, input: u64, output: u64) -> Result<Status, Error> {
+        spec.validate()?;
+        let plain = PeerBuffers::default();
+        let prepared = self.prepared(spec, false, plain.flags())?;
+        self.launch_prepared(&prepared, input, output, &plain)
     }
 
     fn check_peer(&self, peer: i32) -> Result<usize, Error> {
@@ -1505,9 +1538,11 @@ impl Comm {
     }
 
     /// Starts a group (cudarc's `Comm::group`); calls on the group take views whose
-    /// lifetimes must cover the group's. Ending the group (dropping it) is a no-op for Purlin.
+    /// lifetimes must cover the group's. Collectives run as they are called; a send and a
+    /// receive wait for the group's end ([`Group::end`] or dropping it), where they run as
+    /// one [`Comm::send_recv`].
     pub fn group(&self) -> Group<'_> {
-        Group { comm: self }
+        Group { comm: self, send: None, recv: None }
     }
 
     /// Tears down now and says how it went (dropping does the same, silently).
@@ -1613,6 +1648,52 @@ pub(crate) fn broadcast_counts(world: usize, root: usize, len: usize) -> Vec<u64
     (0..world).map(|q| if q == root { len as u64 } else { 0 }).collect()
 }
 
+/// One side of a point-to-point call: the peer and the bytes that move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Transfer {
+    pub(crate) peer: usize,
+    pub(crate) bytes: u64,
+}
+
+/// Bytes of `len` elements of `T`.
+pub(crate) fn byte_len<T>(len: usize) -> u64 {
+    (len as u64).saturating_mul(std::mem::size_of::<T>() as u64)
+}
+
+/// The collective a world-2 send and/or receive of `rank` is: the AllToAllV of bytes whose
+/// only nonzero counts are `send.bytes` from `rank` to its peer and `recv.bytes` back. Both
+/// ranks derive the same matrix from their own calls when their sizes match (a send of `n`
+/// bytes there is a receive of `n` here). Bytes, not elements, so a group may send one type
+/// and receive another; a copy's plan does not depend on the element type.
+pub(crate) fn point_to_point_spec(
+    world: usize,
+    rank: usize,
+    send: Option<Transfer>,
+    recv: Option<Transfer>,
+) -> Result<CollectiveSpec, Error> {
+    if world != 2 {
+        return Err(Error::Unsupported(format!(
+            "send/recv in a world of {world}: Purlin runs collectives of every rank, and only at world 2 is a pair \
+             of ranks every rank (use all_to_all_v, whose count matrix every rank passes)"
+        )));
+    }
+    let mut counts = vec![vec![0u64; world]; world];
+    for (side, sends) in [(send, true), (recv, false)] {
+        let Some(Transfer { peer, bytes }) = side else { continue };
+        let what = if sends { "send to" } else { "receive from" };
+        if peer == rank {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: a {what} itself (copy the buffer on the stream instead)"
+            )));
+        }
+        if peer >= world {
+            return Err(Error::InvalidArgument(format!("rank {peer} is not in a world of {world}")));
+        }
+        if sends { counts[rank][peer] = bytes } else { counts[peer][rank] = bytes }
+    }
+    Ok(CollectiveSpec::all_to_all_v(world as u32, purlin_snac::DataType::U8, counts))
+}
+
 /// Elements per partition of a `len`-element buffer split among `world` ranks, or an
 /// `InvalidArgument` naming `what`.
 pub(crate) fn whole_partitions(len: usize, world: usize, what: &str) -> Result<u64, Error> {
@@ -1658,17 +1739,37 @@ fn snac_op(op: &ReduceOp) -> purlin_snac::ReduceOp {
     op.into()
 }
 
-/// A group of calls (cudarc's `nccl::Group`), made by [`Comm::group`].
+/// A group of calls (cudarc's `nccl::Group`), made by [`Comm::group`]. NCCL runs a group's
+/// calls together, so two ranks may each send to and receive from the other in one group.
+/// Purlin launches collectives as they are called (each is one kernel that blocks no host
+/// thread, so no order deadlocks) and holds the group's one send and one receive until its
+/// end, where they run as one call: the pair a world-2 exchange is.
 #[derive(Debug)]
 pub struct Group<'a> {
     comm: &'a Comm,
+    send: Option<HeldTransfer<'a>>,
+    recv: Option<HeldTransfer<'a>>,
+}
+
+/// A send or receive held until its group ends: the peer, the bytes, the device pointer, and
+/// cudarc's record of the buffer's use on the stream (kept until the launch is enqueued).
+#[derive(Debug)]
+struct HeldTransfer<'a> {
+    transfer: Transfer,
+    ptr: u64,
+    _record: SyncOnDrop<'a>,
 }
 
 impl Drop for Group<'_> {
-    /// Ends the group (cudarc calls `ncclGroupEnd` here); Purlin's calls were already
-    /// enqueued one by one, so there is nothing to flush.
+    /// Ends the group (cudarc calls `ncclGroupEnd` here), running a held send and receive.
+    /// A failure there cannot be returned from `drop`, and the peer's half of the call then
+    /// waits for this one in vain, so it poisons the communicator: [`Comm::async_error`] and
+    /// every later call report it. [`Group::end`] returns it instead.
     fn drop(&mut self) {
-        let _ = group_end();
+        let peer = self.send.as_ref().or(self.recv.as_ref()).map(|h| h.transfer.peer);
+        if let (Some(peer), Err(e)) = (peer, self.run_held()) {
+            self.comm.poison_with(peer, format!("rank {}: the send/recv at a group's end failed: {e}", self.comm.rank));
+        }
     }
 }
 
@@ -1678,14 +1779,50 @@ impl<'g> Group<'g> {
         self.comm
     }
 
-    /// [`Comm::send`].
-    pub fn send<'s: 'g, T: NcclType>(&mut self, data: CudaView<'s, T>, peer: i32) -> Result<(), Error> {
-        self.comm.send(&data, peer)
+    /// Ends the group now, returning what the held send and receive gave (dropping the group
+    /// runs them too, but can only report a failure by poisoning the communicator).
+    pub fn end(mut self) -> Result<Status, Error> {
+        self.run_held()
     }
 
-    /// [`Comm::recv`].
-    pub fn recv<'r: 'g, T: NcclType>(&mut self, mut buff: CudaViewMut<'r, T>, peer: i32) -> Result<Status, Error> {
-        self.comm.recv(&mut buff, peer)
+    fn run_held(&mut self) -> Result<Status, Error> {
+        let (send, recv) = (self.send.take(), self.recv.take());
+        if send.is_none() && recv.is_none() {
+            return group_end();
+        }
+        let c = self.comm;
+        let spec = point_to_point_spec(c.world, c.rank, send.as_ref().map(|h| h.transfer), recv.as_ref().map(|h| h.transfer))?;
+        let ptr = |h: &Option<HeldTransfer<'_>>| h.as_ref().map_or(0, |h| h.ptr);
+        // `send` and `recv` (with their stream records) live until after the launch.
+        c.point_to_point_at(spec, ptr(&send), ptr(&recv))
+    }
+
+    /// Holds a send to `peer` until the group ends ([`Comm::send`]); one per group.
+    pub fn send<'s: 'g, T: NcclType>(&mut self, data: CudaView<'s, T>, peer: i32) -> Result<(), Error> {
+        if self.send.is_some() {
+            return Err(Error::Unsupported("a second send in one group (a world-2 group sends at most once)".into()));
+        }
+        let transfer = Transfer { peer: self.comm.check_peer(peer)?, bytes: byte_len::<T>(data.len()) };
+        point_to_point_spec(self.comm.world, self.comm.rank, Some(transfer), None)?;
+        self.comm.check_device(&data)?;
+        let (ptr, record) = data.view_ptr(&self.comm.stream);
+        self.send = Some(HeldTransfer { transfer, ptr, _record: record });
+        Ok(())
+    }
+
+    /// Holds a receive from `peer` until the group ends ([`Comm::recv`]); one per group.
+    pub fn recv<'r: 'g, T: NcclType>(&mut self, buff: CudaViewMut<'r, T>, peer: i32) -> Result<Status, Error> {
+        if self.recv.is_some() {
+            return Err(Error::Unsupported(
+                "a second receive in one group (a world-2 group receives at most once)".into(),
+            ));
+        }
+        let transfer = Transfer { peer: self.comm.check_peer(peer)?, bytes: byte_len::<T>(buff.len()) };
+        point_to_point_spec(self.comm.world, self.comm.rank, None, Some(transfer))?;
+        self.comm.check_device(&buff)?;
+        let (ptr, record) = buff.view_ptr_mut(&self.comm.stream);
+        self.recv = Some(HeldTransfer { transfer, ptr, _record: record });
+        Ok(Status::Success)
     }
 
     /// [`Comm::broadcast`].

@@ -40,7 +40,7 @@ use purlin_atom::{F8E4M3, F8E5M2};
 use purlin_snac::verify::Options;
 use purlin_snac::{CollectiveSpec, ConsumeOp, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
 
-use crate::comm::ReduceOp;
+use crate::comm::{ReduceOp, Transfer, point_to_point_spec};
 use crate::cpu_symmetric::region::HostRegion;
 pub use crate::cpu_symmetric::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer};
 use crate::cpu_symmetric::{Meetings, SymmetricAlloc};
@@ -628,6 +628,40 @@ impl CpuComm {
         let counts = crate::comm::broadcast_counts(self.world_size(), root, elems::<T>(&buf) as usize);
         let spec = self.mode(CollectiveSpec::reduce_scatter_v(self.world_u32(), T::DATA_TYPE, snac_op(op), counts));
         self.run(spec, Bufs::InPlace(buf))
+    }
+
+    /// Sends `send` to `peer`, whose matching [`CpuComm::recv`] receives it (as
+    /// [`Comm::send`](crate::Comm::send): at world 2 the pair is the world, and the two calls
+    /// are one AllToAllV of bytes; wider worlds answer [`Error::Unsupported`]).
+    pub fn send<S: CpuBuffer<T> + ?Sized, T: CpuType>(&self, send: &S, peer: usize) -> Result<(), Error> {
+        let send = send.host_region();
+        let to = Transfer { peer, bytes: send.bytes as u64 };
+        let spec = point_to_point_spec(self.world_size(), self.rank, Some(to), None)?;
+        self.run(spec, Bufs::Separate(send.plain(), HostRegion::empty()))
+    }
+
+    /// Receives `recv` from `peer`, whose matching [`CpuComm::send`] sends as many bytes.
+    pub fn recv<R: CpuBufferMut<T> + ?Sized, T: CpuType>(&self, recv: &mut R, peer: usize) -> Result<(), Error> {
+        let recv = recv.host_region_mut();
+        let from = Transfer { peer, bytes: recv.bytes as u64 };
+        let spec = point_to_point_spec(self.world_size(), self.rank, None, Some(from))?;
+        self.run(spec, Bufs::Separate(HostRegion::empty(), recv.plain()))
+    }
+
+    /// Sends `send` to `send_peer` and receives `recv` from `recv_peer` in one call
+    /// ([`Comm::send_recv`](crate::Comm::send_recv)).
+    pub fn send_recv<S, R, T, U>(&self, send: &S, send_peer: usize, recv: &mut R, recv_peer: usize) -> Result<(), Error>
+    where
+        S: CpuBuffer<T> + ?Sized,
+        R: CpuBufferMut<U> + ?Sized,
+        T: CpuType,
+        U: CpuType,
+    {
+        let (send, recv) = (send.host_region(), recv.host_region_mut());
+        let to = Transfer { peer: send_peer, bytes: send.bytes as u64 };
+        let from = Transfer { peer: recv_peer, bytes: recv.bytes as u64 };
+        let spec = point_to_point_spec(self.world_size(), self.rank, Some(to), Some(from))?;
+        self.run(spec, Bufs::Separate(send.plain(), recv.plain()))
     }
 
     /// Any collective on raw bytes: `spec` says what (its world must be this communicator's;

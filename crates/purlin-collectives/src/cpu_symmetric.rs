@@ -256,6 +256,13 @@ pub(crate) mod region {
         pub(crate) fn empty() -> Self {
             HostRegion { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(), bytes: 0, symmetric: None }
         }
+
+        /// The same bytes as plain memory, for a call that must not take the one-copy path
+        /// (a point-to-point call: the sender cannot see the receiver's buffer). Peers then
+        /// touch only the workspace, never these bytes.
+        pub(crate) fn plain(self) -> Self {
+            HostRegion { symmetric: None, ..self }
+        }
     }
 
     /// Sealed: what makes a type a [`super::CpuBuffer`].

@@ -731,3 +731,96 @@ fn broadcast_and_reduce_from_every_root() {
     println!("EXEC broadcast/reduce: {calls} results on {world} ranks, {wrong} wrong elements");
     assert_eq!(wrong, 0);
 }
+
+/// Point-to-point at world 2: a send meets the peer's receive, a group's send and receive
+/// run as one exchange at its end (both ranks sending and receiving, as pipeline stages
+/// swap activations), and `send_recv` moves different lengths each way; every rank is checked
+/// against the values its peer sent. Wider worlds (`PURLIN_TEST_WORLD`) answer Unsupported.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+fn send_recv_and_groups_exchange_at_world_2() {
+    let Some(g) = gpus() else { panic!("needs 2 GPUs") };
+    let comms = Comm::from_devices_with_config(g.streams.clone(), config(None, StagingSide::Peer)).expect("set-up");
+    let world = comms.len();
+    if world != 2 {
+        let x = comms[0].stream().clone_htod(&[1f32; 4]).expect("input");
+        assert!(matches!(comms[0].send(&x, 1), Err(purlin_collectives::Error::Unsupported(_))));
+        println!("EXEC send/recv: world {world} answers Unsupported");
+        return;
+    }
+    let value = |r: usize, call: usize, i: usize| ((i * 7 + r * 13 + call * 5) % 1021) as f32;
+    let values = |r: usize, call: usize, n: usize| (0..n).map(|i| value(r, call, i)).collect::<Vec<f32>>();
+    let (mut calls, mut wrong) = (0, 0);
+    let mut check = |got: Vec<f32>, want: Vec<f32>, what: String| {
+        let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count() + got.len().abs_diff(want.len());
+        if bad > 0 {
+            println!("{what}: {bad} wrong elements");
+        }
+        wrong += bad;
+        calls += 1;
+    };
+    for n in [1, 4099, 300_001, 3 << 20] {
+        let m = n / 2 + 3;
+        let mut bufs = vec![];
+        for (r, c) in comms.iter().enumerate() {
+            let s = c.stream();
+            let len = |k: usize| if k == r { n } else { m };
+            bufs.push([
+                s.clone_htod(&values(r, 0, n)).expect("send"),
+                s.clone_htod(&vec![-1f32; n]).expect("recv"),
+                s.clone_htod(&values(r, 1, n)).expect("group send"),
+                s.clone_htod(&vec![-1f32; n]).expect("group recv"),
+                s.clone_htod(&values(r, 2, len(0))).expect("send_recv send"),
+                s.clone_htod(&vec![-1f32; len(1)]).expect("send_recv recv"),
+            ]);
+        }
+        // Every rank's calls enqueued in one order (they run together), then read back.
+        for (r, c) in comms.iter().enumerate() {
+            let peer = (1 - r) as i32;
+            let [send, recv, gsend, grecv, ssend, srecv] = &mut bufs[r];
+            if r == 0 {
+                c.send(&*send, peer).expect("send");
+            } else {
+                c.recv(recv, peer).expect("recv");
+            }
+            let mut group = c.group();
+            group.recv(grecv.slice_mut(..), peer).expect("group recv");
+            group.send(gsend.slice(..), peer).expect("group send");
+            group.end().expect("group end");
+            c.send_recv(&*ssend, peer, srecv, peer).expect("send_recv");
+        }
+        for (r, c) in comms.iter().enumerate() {
+            let (s, peer) = (c.stream(), 1 - r);
+            let what = |k: &str| format!("n {n} rank {r} {k}");
+            let b = &bufs[r];
+            let want_recv = if r == 1 { values(0, 0, n) } else { vec![-1.0; n] };
+            check(s.clone_dtoh(&b[1]).expect("read"), want_recv, what("recv"));
+            check(s.clone_dtoh(&b[3]).expect("read"), values(peer, 1, n), what("group exchange"));
+            let peer_len = if peer == 0 { n } else { m };
+            check(s.clone_dtoh(&b[5]).expect("read"), values(peer, 2, peer_len), what("send_recv"));
+            c.async_error().expect("no device error");
+        }
+    }
+    // A group dropped without `end` runs its held pair too.
+    let n = 1000;
+    let mut bufs: Vec<_> = comms
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let s = c.stream();
+            (s.clone_htod(&values(r, 3, n)).expect("send"), s.clone_htod(&vec![-1f32; n]).expect("recv"))
+        })
+        .collect();
+    for (r, c) in comms.iter().enumerate() {
+        let (send, recv) = &mut bufs[r];
+        let mut group = c.group();
+        group.send(send.slice(..), (1 - r) as i32).expect("group send");
+        group.recv(recv.slice_mut(..), (1 - r) as i32).expect("group recv");
+    }
+    for (r, c) in comms.iter().enumerate() {
+        check(c.stream().clone_dtoh(&bufs[r].1).expect("read"), values(1 - r, 3, n), format!("rank {r} dropped group"));
+        c.async_error().expect("no device error");
+    }
+    println!("EXEC send/recv: {calls} results on {world} ranks, {wrong} wrong elements");
+    assert_eq!(wrong, 0);
+}

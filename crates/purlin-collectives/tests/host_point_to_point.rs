@@ -1,0 +1,138 @@
+//! Point-to-point calls on the host executor (`CpuComm::send`, `recv`, `send_recv`): at
+//! world 2 a send and the peer's matching receive are one collective, in every regime, on
+//! plain and symmetric buffers; what a pair cannot be (a wider world, a rank with itself) is
+//! a typed error before anything runs.
+
+#[path = "host_collectives_support/mod.rs"]
+mod support;
+
+use std::thread;
+
+use purlin_collectives::Error;
+use purlin_collectives::cpu::CpuComm;
+use purlin_snac::ReductionMode;
+use support::{Setup, comms};
+
+/// Element `i` of what `rank` sends in call `call`: distinct per rank, call and index.
+fn payload(rank: usize, call: usize, i: usize) -> i32 {
+    (i as i32).wrapping_mul(2_654_435).wrapping_add((rank * 1_000 + call * 97) as i32)
+}
+
+fn payloads(rank: usize, call: usize, n: usize) -> Vec<i32> {
+    (0..n).map(|i| payload(rank, call, i)).collect()
+}
+
+/// Runs `f(comm)` on both ranks' threads and returns each rank's result.
+fn on_both<R: Send>(comms: &[CpuComm], f: impl Fn(&CpuComm) -> Result<R, Error> + Sync) -> Vec<R> {
+    thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+        hs.into_iter()
+            .enumerate()
+            .map(|(r, h)| h.join().expect("rank thread").unwrap_or_else(|e| panic!("rank {r}: {e}")))
+            .collect()
+    })
+}
+
+#[test]
+fn sends_meet_receives_in_every_regime() {
+    let mut checked = 0;
+    for setup in [Setup::Default, Setup::Latency, Setup::Latency16, Setup::ThroughputPeer, Setup::ThroughputOwn] {
+        let comms = comms(2, setup, ReductionMode::Deterministic);
+        for n in [0, 1, 3, 64, 1500, 70_001] {
+            let what = format!("{setup:?}, {n} elements");
+            // Rank 0 sends, then rank 1 sends back what differs: two calls in one order.
+            let got = on_both(&comms, |c| {
+                let (me, peer) = (c.rank(), 1 - c.rank());
+                let mut first = vec![-1i32; n];
+                let mut second = vec![-1i32; n];
+                if me == 0 {
+                    c.send(&payloads(me, 0, n), peer)?;
+                    c.recv(&mut second, peer)?;
+                } else {
+                    c.recv(&mut first, peer)?;
+                    c.send(&payloads(me, 1, n), peer)?;
+                }
+                Ok((first, second))
+            });
+            assert_eq!(got[1].0, payloads(0, 0, n), "{what}: rank 1 received rank 0's send");
+            assert_eq!(got[0].1, payloads(1, 1, n), "{what}: rank 0 received rank 1's send");
+            assert!(got[0].0.iter().chain(&got[1].1).all(|&x| x == -1), "{what}: an unused buffer was written");
+
+            // An exchange of different lengths in one call on each side, and a one-sided
+            // send_recv (a receive of no bytes) met by a lone receive.
+            let m = n / 2 + 5;
+            let got = on_both(&comms, |c| {
+                let (me, peer) = (c.rank(), 1 - c.rank());
+                let (mine, theirs) = if me == 0 { (n, m) } else { (m, n) };
+                let mut exchanged = vec![-1i32; theirs];
+                c.send_recv(&payloads(me, 2, mine), peer, &mut exchanged, peer)?;
+                let mut one_sided = vec![-1i32; n];
+                if me == 0 {
+                    c.send_recv::<_, [i32], _, i32>(&payloads(me, 3, n), peer, &mut [], peer)?;
+                } else {
+                    c.recv(&mut one_sided, peer)?;
+                }
+                Ok((exchanged, one_sided))
+            });
+            assert_eq!(got[0].0, payloads(1, 2, m), "{what}: rank 0's half of the exchange");
+            assert_eq!(got[1].0, payloads(0, 2, n), "{what}: rank 1's half of the exchange");
+            assert_eq!(got[1].1, payloads(0, 3, n), "{what}: a send_recv met by a lone recv");
+            checked += 5;
+        }
+    }
+    println!("{checked} point-to-point transfers matched");
+}
+
+/// A send of one type meets a receive of another of the same bytes (groups on a GPU fuse
+/// such pairs), and symmetric buffers are accepted as plain memory.
+#[test]
+fn bytes_not_types_meet_and_symmetric_buffers_work() {
+    let comms = comms(2, Setup::ThroughputOwn, ReductionMode::Deterministic);
+    let n = 4099;
+    let got = on_both(&comms, |c| {
+        let (me, peer) = (c.rank(), 1 - c.rank());
+        let mut sym = c.alloc_symmetric::<i32>(n)?;
+        let mut bytes = vec![0u8; 4 * n];
+        if me == 0 {
+            sym.copy_from_host(&payloads(me, 0, n))?;
+            c.send(&sym, peer)?;
+            c.send(&payloads(me, 1, n), peer)?;
+        } else {
+            c.recv(&mut sym, peer)?;
+            c.recv(&mut bytes, peer)?;
+        }
+        Ok((sym.to_vec(), bytes))
+    });
+    assert_eq!(got[1].0, payloads(0, 0, n), "a symmetric send into a symmetric receive");
+    let as_i32: Vec<i32> = got[1].1.chunks_exact(4).map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])).collect();
+    assert_eq!(as_i32, payloads(0, 1, n), "i32 sent, received as its bytes");
+}
+
+#[test]
+fn what_a_pair_cannot_be_is_a_typed_error() {
+    let pair = comms(2, Setup::Latency, ReductionMode::Deterministic);
+    let x = vec![1i32; 8];
+    let mut y = vec![0i32; 8];
+    assert!(matches!(pair[0].send(&x, 0), Err(Error::InvalidArgument(_))), "a send to itself");
+    assert!(matches!(pair[1].recv(&mut y, 1), Err(Error::InvalidArgument(_))), "a receive from itself");
+    assert!(matches!(pair[0].send(&x, 2), Err(Error::InvalidArgument(_))), "a peer outside the world");
+    assert!(matches!(pair[0].send_recv(&x, 1, &mut y, 0), Err(Error::InvalidArgument(_))));
+    assert_eq!(y, vec![0; 8], "a refused call wrote nothing");
+
+    // A wider world: a pair is not every rank.
+    let three = comms(3, Setup::Latency, ReductionMode::Deterministic);
+    match three[0].send(&x, 1) {
+        Err(Error::Unsupported(why)) => assert!(why.contains("all_to_all_v"), "{why}"),
+        other => panic!("world 3 send: {other:?}"),
+    }
+    assert!(matches!(three[2].recv(&mut y, 0), Err(Error::Unsupported(_))));
+
+    // The refusals left the pair usable: a send still meets its receive.
+    let got = on_both(&pair, |c| {
+        let mut y = vec![0i32; 8];
+        if c.rank() == 0 { c.send(&payloads(0, 9, 8), 1)? } else { c.recv(&mut y, 0)? }
+        Ok(y)
+    });
+    assert_eq!(got[1], payloads(0, 9, 8));
+}
+
