@@ -59,7 +59,8 @@ usage: purlin-bench [options]          one process, one thread per GPU
 
   --collective LIST  all | all-reduce,all-gather,reduce-scatter,all-to-all,
                      all-gather-v,reduce-scatter-v,all-to-all-v        [all]
-                     and, named only, broadcast,reduce (root 0)
+                     and, named only, broadcast,reduce (root 0) and
+                     send-recv (to rank + 1, from rank − 1; Purlin: world 2)
   --dtype T          f32 f16 bf16 f64 i8 u8 i32 u32 i64 u64 e4m3 e5m2  [f32]
   --op OP            sum prod min max avg (reducing collectives)       [sum]
   --min SIZE         smallest size, bytes (8, 1K, 64M, 1G)             [8]

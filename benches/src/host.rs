@@ -150,6 +150,8 @@ pub fn spec_of(case: &Case, comm: &CpuComm) -> CollectiveSpec {
         // As `CpuComm::broadcast` and `reduce` make them: the root's part only.
         Collective::Broadcast => CollectiveSpec::all_gather_v(w, dt, u(case.parts())),
         Collective::Reduce => CollectiveSpec::reduce_scatter_v(w, dt, op(), u(case.parts())),
+        // The ring's AllToAllV; `enqueue` runs `CpuComm::send_recv`, which at world 2 is it.
+        Collective::SendRecv => CollectiveSpec::all_to_all_v(w, dt, case.matrix.iter().map(|r| u(r)).collect()),
     };
     spec.with_mode(comm.config().mode)
 }
@@ -185,6 +187,7 @@ impl Backend for HostPurlin {
             )));
         }
         let spec = spec_of(case, &self.comm);
+        let (to, from) = ((r + 1) % case.world, (r + case.world - 1) % case.world);
         if let Some((send, recv)) = &mut self.symmetric {
             // The sweep fills and reads these through their addresses between calls; the call
             // sees the case's lengths from their start.
@@ -198,6 +201,9 @@ impl Backend for HostPurlin {
                 None => {
                     len(send, in_bytes)?;
                     len(recv, out_bytes)?;
+                    if case.collective == Collective::SendRecv {
+                        return self.comm.send_recv(send, to, recv, from).map_err(crate::purlin::map_err);
+                    }
                     self.comm.execute_bytes(&spec, send, recv).map_err(crate::purlin::map_err)
                 }
             };
@@ -223,6 +229,9 @@ impl Backend for HostPurlin {
                 std::slice::from_raw_parts_mut(self.recv.ptr.cast::<u8>(), out_bytes),
             )
         };
+        if case.collective == Collective::SendRecv {
+            return self.comm.send_recv(send, to, recv, from).map_err(crate::purlin::map_err);
+        }
         self.comm.execute_bytes(&spec, send, recv).map_err(crate::purlin::map_err)
     }
 

@@ -274,6 +274,15 @@ impl Nccl {
                 let res = unsafe { sys::ncclReduce(s(0), d(0), case.count, dt, rop, 0, comm, stream) };
                 check(res, "ncclReduce")
             }
+            Collective::SendRecv => group(|| {
+                let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+                // SAFETY: see above; count elements out of the input, count into the output.
+                let res = unsafe { sys::ncclSend(s(0), case.count, dt, to as i32, comm, stream) };
+                check(res, "ncclSend")?;
+                // SAFETY: as above.
+                let res = unsafe { sys::ncclRecv(d(0), case.count, dt, from as i32, comm, stream) };
+                check(res, "ncclRecv")
+            }),
             Collective::ReduceScatterV => group(|| {
                 for p in 0..n {
                     let (off, count) = (case.part_offset(p), case.parts()[p]);

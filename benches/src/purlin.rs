@@ -176,6 +176,11 @@ fn call_into<T: NcclType + cudarc::driver::DeviceRepr, S: DevicePtr<T>, R: Devic
         // A peer's send (broadcast) and receive (reduce) views are empty and ignored.
         Collective::Broadcast => comm.broadcast(Some(s), d, ROOT),
         Collective::Reduce => comm.reduce(s, Some(d), &op(case.op), ROOT),
+        // To rank + 1, from rank − 1: both the peer at world 2 (wider worlds: Unsupported).
+        Collective::SendRecv => {
+            let (r, n) = (comm.rank(), comm.world_size());
+            comm.send_recv(s, ((r + 1) % n) as i32, d, ((r + n - 1) % n) as i32)
+        }
     };
     res.map(drop).map_err(map_err)
 }

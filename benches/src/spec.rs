@@ -38,6 +38,9 @@ pub enum Collective {
     Broadcast,
     /// Reduce everything, rank 0 gets the result (nccl-tests' `reduce_perf`, root 0).
     Reduce,
+    /// Each rank sends its buffer to rank + 1 and receives rank − 1's (nccl-tests'
+    /// `sendrecv_perf`); Purlin's `send_recv` runs it at world 2, where the pair is the world.
+    SendRecv,
 }
 
 impl Collective {
@@ -55,9 +58,13 @@ impl Collective {
     /// The rooted collectives (root 0), swept only when named (`all` is [`Collective::ALL`]).
     pub const ROOTED: [Collective; 2] = [Collective::Broadcast, Collective::Reduce];
 
-    /// Every collective the benchmark knows: [`Collective::ALL`], then [`Collective::ROOTED`].
+    /// Point-to-point, swept only when named.
+    pub const POINT_TO_POINT: [Collective; 1] = [Collective::SendRecv];
+
+    /// Every collective the benchmark knows: [`Collective::ALL`], [`Collective::ROOTED`], then
+    /// [`Collective::POINT_TO_POINT`].
     pub fn every() -> impl Iterator<Item = Collective> {
-        Collective::ALL.into_iter().chain(Collective::ROOTED)
+        Collective::ALL.into_iter().chain(Collective::ROOTED).chain(Collective::POINT_TO_POINT)
     }
 
     /// The command-line (and CSV) name.
@@ -72,6 +79,7 @@ impl Collective {
             Collective::AllToAllV => "all-to-all-v",
             Collective::Broadcast => "broadcast",
             Collective::Reduce => "reduce",
+            Collective::SendRecv => "send-recv",
         }
     }
 
@@ -112,13 +120,13 @@ impl Collective {
     }
 
     /// nccl-tests' bus-bandwidth factor: busbw = algbw × factor. AllReduce 2(n−1)/n,
-    /// Broadcast and Reduce 1, the others (n−1)/n (the V forms use their non-V form's factor
-    /// on the nominal size).
+    /// Broadcast, Reduce and SendRecv 1, the others (n−1)/n (the V forms use their non-V
+    /// form's factor on the nominal size).
     pub fn busbw_factor(self, world: usize) -> f64 {
         let n = world as f64;
         match self {
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
-            Collective::Broadcast | Collective::Reduce => 1.0,
+            Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
             _ => (n - 1.0) / n,
         }
     }
@@ -132,6 +140,7 @@ impl Collective {
             Collective::AllToAll | Collective::AllToAllV => "each rank's whole input (all it sends)",
             Collective::Broadcast => "the buffer broadcast (every rank's output)",
             Collective::Reduce => "the buffer each rank reduces (the root's output)",
+            Collective::SendRecv => "the buffer each rank sends (= the one it receives)",
         }
     }
 }
@@ -689,6 +698,13 @@ impl Case {
                 }
                 (elems, vec![(0..n).map(|p| if p == 0 { elems } else { 0 }).collect()])
             }
+            // The AllToAllV whose only pairs are p → p + 1 (mod n).
+            Collective::SendRecv => {
+                if elems == 0 || n < 2 {
+                    return None;
+                }
+                (elems, (0..n).map(|p| (0..n).map(|q| if q == (p + 1) % n { elems } else { 0 }).collect()).collect())
+            }
         };
         Some(Case {
             collective,
@@ -762,7 +778,7 @@ impl Case {
                 self.count
             }
             Collective::AllGather | Collective::AllGatherV | Collective::Broadcast => self.parts()[rank],
-            Collective::AllToAll | Collective::AllToAllV => self.matrix[rank].iter().sum(),
+            Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv => self.matrix[rank].iter().sum(),
         }
     }
 
@@ -773,7 +789,9 @@ impl Case {
                 self.count
             }
             Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => self.parts()[rank],
-            Collective::AllToAll | Collective::AllToAllV => (0..self.world).map(|p| self.matrix[p][rank]).sum(),
+            Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv => {
+                (0..self.world).map(|p| self.matrix[p][rank]).sum()
+            }
         }
     }
 
@@ -788,7 +806,7 @@ impl Case {
             Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => {
                 vec![Segment::Reduce { out: 0, input: self.part_offset(rank), len: self.parts()[rank] }]
             }
-            Collective::AllToAll | Collective::AllToAllV => (0..n)
+            Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv => (0..n)
                 .map(|p| Segment::Copy {
                     out: self.recv_offset(rank, p),
                     from: p,
@@ -1033,7 +1051,7 @@ mod tests {
                 let off: usize = case.parts()[..r].iter().sum();
                 (off..off + case.parts()[r]).map(red).collect()
             }
-            Collective::AllToAll | Collective::AllToAllV => {
+            Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv => {
                 let mut out = Vec::new();
                 for (p, input) in inputs.iter().enumerate() {
                     let off: usize = case.matrix[p][..r].iter().sum();

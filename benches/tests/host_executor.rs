@@ -161,3 +161,36 @@ fn host_executor_runs_broadcast_and_reduce_when_named() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// `--collective send-recv` (nccl-tests' `sendrecv_perf`) runs at world 2, on plain and
+/// symmetric buffers, every row checked; at world 3 every row says unsupported, with why.
+#[test]
+fn host_executor_runs_send_recv_at_world_2_only() {
+    for (world, symmetric) in [("2", false), ("2", true), ("3", false)] {
+        let dir = tmp(&format!("send-recv-{world}-{symmetric}"));
+        let mut args = vec!["--host", "--world", world, "--collective", "send-recv", "--max", "64K", "--factor"];
+        args.extend(["64", "--iters", "2", "--runs", "2"]);
+        if symmetric {
+            args.push("--symmetric");
+        }
+        let out = bench(&args, Some(&dir));
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+        let rows = json["rows"].as_array().unwrap();
+        // 8 B, 512 B and 32 KiB.
+        assert_eq!(rows.iter().filter(|r| r["collective"] == "send-recv").count(), 3, "{stdout}");
+        let want = if world == "2" { "ok" } else { "unsupported" };
+        for r in rows {
+            assert_eq!(r["cells"][0]["status"], want, "{r}");
+            if want == "ok" {
+                assert_eq!(r["cells"][0]["wrong"], 0, "{r}");
+            }
+        }
+        if world == "3" {
+            assert!(stdout.contains("all_to_all_v"), "the reason is shown: {stdout}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A check on one GPU (both ranks on it, PURLIN_SHARED_GPU=1): send/recv and Broadcast/Reduce on Comm, the
-# symmetric and in-place paths, and purlin-bench's broadcast/reduce with its result checks.
+# symmetric and in-place paths, and purlin-bench's broadcast, reduce and send-recv with its result checks.
 # On the device: bash gpu-round/one_gpu_check.sh "$OUT" (packs one_gpu_check.tar.gz, prints a
 # summary last).
 set -u
@@ -14,7 +14,7 @@ for t in send_recv_and_groups_exchange_at_world_2 broadcast_and_reduce_from_ever
   timeout 200 "$T" --ignored --exact "$t" --test-threads=1 --nocapture > "$L/$t.log" 2>&1
   echo "$t rc=$? $(grep -E '^test result:' "$L/$t.log" | tail -1) $(grep -E '^EXEC' "$L/$t.log" | tail -1)" >> "$L/summary.txt"
 done
-B="$HERE/purlin-bench --backends purlin --collective broadcast,reduce --min 8 --max 64M --factor 8 --quick --no-probe"
+B="$HERE/purlin-bench --backends purlin --collective broadcast,reduce,send-recv --min 8 --max 64M --factor 8 --quick --no-probe"
 for extra in "" "--in-place" "--symmetric"; do
   name=bench${extra:-plain}
   (cd "$HERE" && timeout 120 $B $extra --out "$L/$name") > "$L/$name.log" 2>&1

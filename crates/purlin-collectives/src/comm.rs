@@ -1791,7 +1791,8 @@ impl<'g> Group<'g> {
             return group_end();
         }
         let c = self.comm;
-        let spec = point_to_point_spec(c.world, c.rank, send.as_ref().map(|h| h.transfer), recv.as_ref().map(|h| h.transfer))?;
+        let spec =
+            point_to_point_spec(c.world, c.rank, send.as_ref().map(|h| h.transfer), recv.as_ref().map(|h| h.transfer))?;
         let ptr = |h: &Option<HeldTransfer<'_>>| h.as_ref().map_or(0, |h| h.ptr);
         // `send` and `recv` (with their stream records) live until after the launch.
         c.point_to_point_at(spec, ptr(&send), ptr(&recv))

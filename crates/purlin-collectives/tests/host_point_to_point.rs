@@ -130,9 +130,12 @@ fn what_a_pair_cannot_be_is_a_typed_error() {
     // The refusals left the pair usable: a send still meets its receive.
     let got = on_both(&pair, |c| {
         let mut y = vec![0i32; 8];
-        if c.rank() == 0 { c.send(&payloads(0, 9, 8), 1)? } else { c.recv(&mut y, 0)? }
+        if c.rank() == 0 {
+            c.send(&payloads(0, 9, 8), 1)?
+        } else {
+            c.recv(&mut y, 0)?
+        }
         Ok(y)
     });
     assert_eq!(got[1], payloads(0, 9, 8));
 }
-
