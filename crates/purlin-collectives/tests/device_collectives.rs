@@ -690,24 +690,25 @@ fn broadcast_and_reduce_from_every_root() {
         let mut sym_send = Comm::alloc_symmetric_group::<f32>(&comms, n).expect("symmetric inputs");
         let mut sym_recv = Comm::alloc_symmetric_group::<f32>(&comms, n).expect("symmetric outputs");
         for root in 0..world {
-            let mut plain = vec![];
+            let (mut plain, mut reduced): (_, Vec<CudaSlice<f32>>) = (vec![], vec![]);
             for (r, c) in comms.iter().enumerate() {
                 let s = c.stream();
                 let x: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
                 let send = s.clone_htod(&x).expect("input");
                 s.memcpy_htod(&x, &mut sym_send[r]).expect("upload");
                 plain.push((send, s.clone_htod(&vec![-1f32; n]).expect("out"), s.clone_htod(&x).expect("in place")));
+                reduced.push(s.clone_htod(&vec![-7f32; n]).expect("reduce out"));
             }
-            // Enqueue every rank's calls (they run together), then read back.
-            let mut reduced: Vec<CudaSlice<f32>> = vec![];
+            // Enqueue every rank's calls (they run together), then read back. Nothing between
+            // the launches may block the host on a stream: a rank's kernels wait for the next
+            // rank's, which this thread has not launched yet (a pageable copy of megabytes
+            // behind them would wait for its stream, and so until the device timeout).
             for (r, c) in comms.iter().enumerate() {
                 let root32 = root as i32;
                 let (send, out, inplace) = &mut plain[r];
                 c.broadcast(Some(&*send), out, root32).expect("broadcast");
                 c.broadcast(Some(&sym_send[r]), &mut sym_recv[r], root32).expect("symmetric broadcast");
-                let mut red = c.stream().clone_htod(&vec![-7f32; n]).expect("reduce out");
-                c.reduce(&*send, Some(&mut red), &ReduceOp::Sum, root32).expect("reduce");
-                reduced.push(red);
+                c.reduce(&*send, Some(&mut reduced[r]), &ReduceOp::Sum, root32).expect("reduce");
                 c.reduce_in_place(inplace, &ReduceOp::Sum, root32).expect("reduce in place");
             }
             let root_input = |i: usize| value(root, i);
