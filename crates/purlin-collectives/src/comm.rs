@@ -622,6 +622,11 @@ impl Comm {
     /// One communicator per stream, each on its own GPU (unless [`CommConfig::shared_gpu`]),
     /// in one process (rank `i` drives `streams[i]`). Like cudarc's, it returns once all
     /// ranks are set up.
+    ///
+    /// A thread that drives several ranks must enqueue every rank's call before anything
+    /// that waits for one of their streams (a synchronize, a read-back, a pageable copy of
+    /// more than the driver buffers): rank 0's kernel waits for rank 1's, so a wait on rank
+    /// 0's stream before rank 1's launch ends only at the device timeout, as with NCCL.
     pub fn from_devices(streams: Vec<Arc<CudaStream>>) -> Result<Vec<Self>, Error> {
         Self::from_devices_with_config(streams, CommConfig::from_env()?)
     }
