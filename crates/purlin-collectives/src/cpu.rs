@@ -211,8 +211,8 @@ struct Shared {
     token: Arc<()>,
     /// Where ranks meet to allocate symmetric buffers.
     allocs: Meetings<usize, AllocOutcome>,
-    /// Where ranks meet before a one-copy call, to check it is the same call.
-    symmetric_calls: Meetings<SymmetricCall, Vec<SymmetricCall>>,
+    /// Where ranks meet before a one-copy or point-to-point call, to check it is the same call.
+    checked_calls: Meetings<CheckedCall, Vec<CheckedCall>>,
     /// Where ranks meet after a one-copy call, so none returns while a peer may still write.
     symmetric_exits: Meetings<(), ()>,
 }
@@ -227,9 +227,9 @@ enum AllocOutcome {
     Memory(String),
 }
 
-/// What a rank's one-copy call is: every rank's must be equal.
+/// What a rank's checked call (one-copy or point-to-point) is: every rank's must be equal.
 #[derive(Clone, PartialEq, Eq)]
-struct SymmetricCall {
+struct CheckedCall {
     spec: CollectiveSpec,
     in_place: bool,
     /// The allocation ([`SymmetricAlloc::id`]) of the input and of the output where the
@@ -238,7 +238,7 @@ struct SymmetricCall {
     output: Option<usize>,
 }
 
-impl SymmetricCall {
+impl CheckedCall {
     fn describe(&self) -> String {
         let role = |a: Option<usize>| a.map_or("not shared".to_string(), |id| format!("symmetric allocation {id:#x}"));
         let place = if self.in_place { "in place" } else { "out of place" };
@@ -329,7 +329,7 @@ impl CpuComm {
             last: (0..world).map(|_| Mutex::new(None)).collect(),
             token: Arc::new(()),
             allocs: Meetings::new(world),
-            symmetric_calls: Meetings::new(world),
+            checked_calls: Meetings::new(world),
             symmetric_exits: Meetings::new(world),
         });
         Ok((0..world).map(|rank| CpuComm { rank, shared: shared.clone() }).collect())
@@ -637,7 +637,7 @@ impl CpuComm {
         let send = send.host_region();
         let to = Transfer { peer, bytes: send.bytes as u64 };
         let spec = point_to_point_spec(self.world_size(), self.rank, Some(to), None)?;
-        self.run(spec, Bufs::Separate(send.plain(), HostRegion::empty()))
+        self.run_checked(spec, Bufs::Separate(send.plain(), HostRegion::empty()), true)
     }
 
     /// Receives `recv` from `peer`, whose matching [`CpuComm::send`] sends as many bytes.
@@ -645,7 +645,7 @@ impl CpuComm {
         let recv = recv.host_region_mut();
         let from = Transfer { peer, bytes: recv.bytes as u64 };
         let spec = point_to_point_spec(self.world_size(), self.rank, None, Some(from))?;
-        self.run(spec, Bufs::Separate(HostRegion::empty(), recv.plain()))
+        self.run_checked(spec, Bufs::Separate(HostRegion::empty(), recv.plain()), true)
     }
 
     /// Sends `send` to `send_peer` and receives `recv` from `recv_peer` in one call
@@ -661,7 +661,7 @@ impl CpuComm {
         let to = Transfer { peer: send_peer, bytes: send.bytes as u64 };
         let from = Transfer { peer: recv_peer, bytes: recv.bytes as u64 };
         let spec = point_to_point_spec(self.world_size(), self.rank, Some(to), Some(from))?;
-        self.run(spec, Bufs::Separate(send.plain(), recv.plain()))
+        self.run_checked(spec, Bufs::Separate(send.plain(), recv.plain()), true)
     }
 
     /// Any collective on raw bytes: `spec` says what (its world must be this communicator's;
@@ -741,14 +741,15 @@ impl CpuComm {
         }
     }
 
-    /// Meets every rank before a one-copy call and checks they make the same call on the
-    /// same allocations (peers write into this rank's memory only then, see
-    /// [`crate::cpu_symmetric`]). A rank that does not come poisons the world: the calls of
-    /// the ranks that did come are lost, as with an expired executor wait.
-    fn meet_symmetric_call(&self, mine: SymmetricCall) -> Result<(), Error> {
-        const DURING: &str = "checking a call with symmetric buffers";
+    /// Meets every rank before a checked call and checks they make the same call: a
+    /// one-copy call on the same allocations (peers write into this rank's memory only then,
+    /// see [`crate::cpu_symmetric`]), a point-to-point call with the same sizes (a send here
+    /// of as many bytes as the receive there). A rank that does not come poisons the world:
+    /// the calls of the ranks that did come are lost, as with an expired executor wait.
+    fn meet_checked_call(&self, mine: CheckedCall) -> Result<(), Error> {
+        const DURING: &str = "checking that every rank makes the same call";
         let sh = &*self.shared;
-        let all = match sh.symmetric_calls.meet(self.rank, mine.clone(), sh.config.timeout, DURING, <[_]>::to_vec) {
+        let all = match sh.checked_calls.meet(self.rank, mine.clone(), sh.config.timeout, DURING, <[_]>::to_vec) {
             Ok(all) => all,
             Err(e) => {
                 sh.world.poison();
@@ -761,7 +762,7 @@ impl CpuComm {
                 rank: self.rank,
                 peer,
                 what: format!(
-                    "a call with symmetric buffers: here {}, there {}",
+                    "a call with symmetric buffers or a send/recv: here {}, there {}",
                     mine.describe(),
                     all[peer].describe()
                 ),
@@ -771,6 +772,13 @@ impl CpuComm {
 
     /// Validates, plans, verifies, runs. Nothing is written before every check has passed.
     fn run(&self, spec: CollectiveSpec, bufs: Bufs<'_>) -> Result<(), Error> {
+        self.run_checked(spec, bufs, false)
+    }
+
+    /// [`CpuComm::run`]; `point_to_point`: meet the peer first and compare the calls, so a
+    /// send and a receive of different sizes are an [`Error::Mismatch`] on both ranks before
+    /// anything moves, not a wait that expires.
+    fn run_checked(&self, spec: CollectiveSpec, bufs: Bufs<'_>, point_to_point: bool) -> Result<(), Error> {
         let rank = self.rank as u32;
         let sh = &*self.shared;
         if spec.world as usize != self.world_size() {
@@ -867,7 +875,9 @@ impl CpuComm {
             let (shares_inputs, shares_outputs) = purlin_snac::derive::one_copy_roles(spec.collective);
             let input = peers.input_alloc.filter(|_| shares_inputs);
             let output = peers.output_alloc.filter(|_| shares_outputs);
-            self.meet_symmetric_call(SymmetricCall { spec: spec.clone(), in_place, input, output })?;
+            self.meet_checked_call(CheckedCall { spec: spec.clone(), in_place, input, output })?;
+        } else if point_to_point {
+            self.meet_checked_call(CheckedCall { spec: spec.clone(), in_place, input: None, output: None })?;
         }
         let ran = sh.world.execute(&plan, buffers, false).map(drop);
         if one_copy {

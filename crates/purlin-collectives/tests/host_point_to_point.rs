@@ -22,15 +22,13 @@ fn payloads(rank: usize, call: usize, n: usize) -> Vec<i32> {
     (0..n).map(|i| payload(rank, call, i)).collect()
 }
 
-/// Runs `f(comm)` on both ranks' threads and returns each rank's result.
+/// Runs `f(comm)` on both ranks' threads and returns each rank's result, which must be Ok.
 fn on_both<R: Send>(comms: &[CpuComm], f: impl Fn(&CpuComm) -> Result<R, Error> + Sync) -> Vec<R> {
-    thread::scope(|s| {
-        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter()
-            .enumerate()
-            .map(|(r, h)| h.join().expect("rank thread").unwrap_or_else(|e| panic!("rank {r}: {e}")))
-            .collect()
-    })
+    on_both_results(comms, f)
+        .into_iter()
+        .enumerate()
+        .map(|(r, res)| res.unwrap_or_else(|e| panic!("rank {r}: {e}")))
+        .collect()
 }
 
 #[test]
@@ -138,4 +136,61 @@ fn what_a_pair_cannot_be_is_a_typed_error() {
         Ok(y)
     });
     assert_eq!(got[1], payloads(0, 9, 8));
+}
+
+/// A send and a receive of different sizes, or a send met by the peer's send, are an
+/// `Error::Mismatch` on both ranks before anything moves (the ranks compare their calls
+/// first); the receive buffer is untouched and the pair stays usable.
+#[test]
+fn mismatched_sends_and_receives_are_mismatch_errors_on_both_ranks() {
+    let pair = comms(2, Setup::ThroughputPeer, ReductionMode::Deterministic);
+    for (sent, received) in [(100usize, 50usize), (50, 100), (70_001, 70_000)] {
+        let outcomes = thread::scope(|s| {
+            let hs: Vec<_> = pair
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let mut y = vec![-1i32; received];
+                        let r = if c.rank() == 0 { c.send(&payloads(0, 0, sent), 1) } else { c.recv(&mut y, 0) };
+                        (r, y)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank thread")).collect::<Vec<_>>()
+        });
+        for (rank, (r, y)) in outcomes.into_iter().enumerate() {
+            match r {
+                Err(Error::Mismatch { rank: me, peer, what }) => {
+                    assert_eq!((me, peer), (rank, 1 - rank), "{what}");
+                }
+                other => panic!("{sent} sent, {received} received: rank {rank} got {other:?}"),
+            }
+            assert!(y.iter().all(|&v| v == -1), "rank {rank}: the receive buffer was written");
+        }
+    }
+    // Both ranks sending to each other (each expecting the other to receive): a mismatch too.
+    let outcomes = on_both_results(&pair, |c| c.send(&payloads(c.rank(), 1, 8), 1 - c.rank()));
+    assert!(outcomes.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))), "{outcomes:?}");
+    // Nothing was poisoned: a matched pair still runs.
+    let got = on_both(&pair, |c| {
+        let mut y = vec![0i32; 8];
+        if c.rank() == 0 {
+            c.send(&payloads(0, 2, 8), 1)?
+        } else {
+            c.recv(&mut y, 0)?
+        }
+        Ok(y)
+    });
+    assert_eq!(got[1], payloads(0, 2, 8));
+}
+
+/// Runs `f(comm)` on both ranks' threads and returns each rank's result as it came.
+fn on_both_results<R: Send>(
+    comms: &[CpuComm],
+    f: impl Fn(&CpuComm) -> Result<R, Error> + Sync,
+) -> Vec<Result<R, Error>> {
+    thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    })
 }
