@@ -180,7 +180,10 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
         s,
         "# time: median over runs of (wall-clock of N back-to-back calls / N), max over ranks; p99 over runs"
     );
-    let _ = writeln!(s, "# busbw = algbw x 2(n-1)/n (all-reduce) or (n-1)/n (others), as nccl-tests");
+    let _ = writeln!(
+        s,
+        "# busbw = algbw x 2(n-1)/n (all-reduce), x 1 (broadcast, reduce, send-recv) or (n-1)/n (others), as nccl-tests"
+    );
     let with_speedup = backends.contains(&BackendKind::Purlin) && backends.iter().any(|b| b.is_nccl());
     let baselines: Vec<BackendKind> = backends.iter().copied().filter(|b| b.is_nccl()).collect();
     for (collective, mode, block) in blocks(rows) {
