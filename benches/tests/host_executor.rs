@@ -131,6 +131,20 @@ fn without_purlin_there_is_nothing_to_measure_and_it_says_why() {
     assert!(stdout.trim_end().ends_with("BENCH ok rows=0 wrong=0"), "{stdout}");
 }
 
+/// Runs a small host sweep (8 B, 512 B and 32 KiB; 2 iterations, 2 runs) with `args` into
+/// `dir`, checks it succeeded, and returns its stdout and the rows of `results.json`.
+fn small_sweep(args: &[&str], dir: &std::path::Path) -> (String, Vec<serde_json::Value>) {
+    let mut all = vec!["--host", "--max", "64K", "--factor", "64", "--iters", "2", "--runs", "2"];
+    all.extend(args);
+    let out = bench(&all, Some(dir));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    let rows = json["rows"].as_array().unwrap().clone();
+    (stdout.into_owned(), rows)
+}
+
 /// The rooted collectives, named (`all` leaves them out): Broadcast and Reduce from root 0,
 /// out of place and in place, every result checked (a peer's Reduce output is not compared:
 /// it receives nothing).
@@ -138,22 +152,15 @@ fn without_purlin_there_is_nothing_to_measure_and_it_says_why() {
 fn host_executor_runs_broadcast_and_reduce_when_named() {
     for in_place in [false, true] {
         let dir = tmp(if in_place { "rooted-in-place" } else { "rooted" });
-        let mut args = vec!["--host", "--world", "3", "--collective", "broadcast,reduce", "--max", "64K", "--factor"];
-        args.extend(["64", "--iters", "2", "--runs", "2"]);
+        let mut args = vec!["--world", "3", "--collective", "broadcast,reduce"];
         if in_place {
             args.push("--in-place");
         }
-        let out = bench(&args, Some(&dir));
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{stdout}\n{stderr}");
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
-        let rows = json["rows"].as_array().unwrap();
+        let (stdout, rows) = small_sweep(&args, &dir);
         for c in ["broadcast", "reduce"] {
-            // 8 B, 512 B and 32 KiB.
             assert_eq!(rows.iter().filter(|r| r["collective"] == c).count(), 3, "{c}: {stdout}");
         }
-        for r in rows {
+        for r in &rows {
             assert_eq!(r["cells"][0]["status"], "ok", "{r}");
             assert_eq!(r["cells"][0]["wrong"], 0, "{r}");
         }
@@ -168,21 +175,14 @@ fn host_executor_runs_broadcast_and_reduce_when_named() {
 fn host_executor_runs_send_recv_at_world_2_only() {
     for (world, symmetric) in [("2", false), ("2", true), ("3", false)] {
         let dir = tmp(&format!("send-recv-{world}-{symmetric}"));
-        let mut args = vec!["--host", "--world", world, "--collective", "send-recv", "--max", "64K", "--factor"];
-        args.extend(["64", "--iters", "2", "--runs", "2"]);
+        let mut args = vec!["--world", world, "--collective", "send-recv"];
         if symmetric {
             args.push("--symmetric");
         }
-        let out = bench(&args, Some(&dir));
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{stdout}\n{stderr}");
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
-        let rows = json["rows"].as_array().unwrap();
-        // 8 B, 512 B and 32 KiB.
+        let (stdout, rows) = small_sweep(&args, &dir);
         assert_eq!(rows.iter().filter(|r| r["collective"] == "send-recv").count(), 3, "{stdout}");
         let want = if world == "2" { "ok" } else { "unsupported" };
-        for r in rows {
+        for r in &rows {
             assert_eq!(r["cells"][0]["status"], want, "{r}");
             if want == "ok" {
                 assert_eq!(r["cells"][0]["wrong"], 0, "{r}");

@@ -125,17 +125,22 @@ fn what_a_pair_cannot_be_is_a_typed_error() {
     }
     assert!(matches!(three[2].recv(&mut y, 0), Err(Error::Unsupported(_))));
 
-    // The refusals left the pair usable: a send still meets its receive.
-    let got = on_both(&pair, |c| {
+    // The refusals left the pair usable.
+    assert_a_send_meets_its_receive(&pair, 9);
+}
+
+/// Rank 0 sends 8 elements of call `call`, rank 1 receives them.
+fn assert_a_send_meets_its_receive(pair: &[CpuComm], call: usize) {
+    let got = on_both(pair, |c| {
         let mut y = vec![0i32; 8];
         if c.rank() == 0 {
-            c.send(&payloads(0, 9, 8), 1)?
+            c.send(&payloads(0, call, 8), 1)?
         } else {
             c.recv(&mut y, 0)?
         }
         Ok(y)
     });
-    assert_eq!(got[1], payloads(0, 9, 8));
+    assert_eq!(got[1], payloads(0, call, 8));
 }
 
 /// A send and a receive of different sizes, or a send met by the peer's send, are an
@@ -172,16 +177,7 @@ fn mismatched_sends_and_receives_are_mismatch_errors_on_both_ranks() {
     let outcomes = on_both_results(&pair, |c| c.send(&payloads(c.rank(), 1, 8), 1 - c.rank()));
     assert!(outcomes.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))), "{outcomes:?}");
     // Nothing was poisoned: a matched pair still runs.
-    let got = on_both(&pair, |c| {
-        let mut y = vec![0i32; 8];
-        if c.rank() == 0 {
-            c.send(&payloads(0, 2, 8), 1)?
-        } else {
-            c.recv(&mut y, 0)?
-        }
-        Ok(y)
-    });
-    assert_eq!(got[1], payloads(0, 2, 8));
+    assert_a_send_meets_its_receive(&pair, 2);
 }
 
 /// Runs `f(comm)` on both ranks' threads and returns each rank's result as it came.
