@@ -241,16 +241,46 @@ pub enum Status {
     InProgress,
 }
 
-/// Starts a group of calls (NCCL's `ncclGroupStart`). Purlin launches each collective as
-/// one kernel without blocking the host, so grouping is not needed to avoid deadlock; this
-/// is accepted for compatibility.
+thread_local! {
+    /// How deep this thread is inside `group_start`/`group_end` (NCCL's group state is per
+    /// thread too).
+    static GROUP_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Starts a group of calls on this thread (NCCL's `ncclGroupStart`; groups nest). Purlin
+/// launches each collective as one kernel without blocking the host, so collectives need no
+/// group to avoid deadlock and run as they are called. [`Comm::send`] and [`Comm::recv`] are
+/// refused inside one: NCCL would hold them until `group_end`, which a call that borrows its
+/// buffer only while it runs cannot do (use [`Comm::group`] or [`Comm::send_recv`]).
 pub fn group_start() -> Result<Status, Error> {
+    GROUP_DEPTH.with(|d| d.set(d.get().saturating_add(1)));
     Ok(Status::Success)
 }
 
-/// Ends a group of calls (see [`group_start`]).
+/// Ends a group of calls (see [`group_start`]); without one open on this thread,
+/// [`Error::InvalidArgument`] (NCCL's `ncclInvalidUsage`).
 pub fn group_end() -> Result<Status, Error> {
-    Ok(Status::Success)
+    GROUP_DEPTH.with(|d| match d.get() {
+        0 => Err(Error::InvalidArgument("group_end without a group_start on this thread".into())),
+        n => {
+            d.set(n - 1);
+            Ok(Status::Success)
+        }
+    })
+}
+
+/// A lone send or receive inside `group_start`/`group_end`: refused, with what to use instead.
+/// Run one by one, the two halves of an exchange would meet the peer's calls in the wrong
+/// order (a send there meeting a send here); held until `group_end`, they would outlive the
+/// borrow of their buffer.
+fn refuse_in_open_group(what: &str) -> Result<(), Error> {
+    if GROUP_DEPTH.with(std::cell::Cell::get) == 0 {
+        return Ok(());
+    }
+    Err(Error::Unsupported(format!(
+        "{what} between group_start and group_end: Purlin cannot hold it until group_end without its \
+         buffer; use comm.group() (Group::send/recv, run together when the group ends) or Comm::send_recv"
+    )))
 }
 
 /// The co-residency bounds this communicator plans under: per kernel, the minimum across
@@ -925,9 +955,11 @@ impl Comm {
     /// collective: the AllToAllV of bytes with one nonzero count (`point_to_point_spec`), one
     /// kernel on each side. Both ranks must make their point-to-point calls in the same order
     /// (a send here meets a receive there); a send and a receive in one [`Group`] are one call.
+    /// Between the free [`group_start`] and [`group_end`] it is refused (see there).
     /// Wider worlds answer [`Error::Unsupported`]: a pair of them is not every rank, which is
     /// what a SNAC plan is made for (use [`Comm::all_to_all_v`]).
     pub fn send<S: DevicePtr<T>, T: NcclType>(&self, data: &S, peer: i32) -> Result<(), Error> {
+        refuse_in_open_group("send")?;
         let peer = self.check_peer(peer)?;
         let send = Transfer { peer, bytes: byte_len::<T>(data.len()) };
         let spec = point_to_point_spec(self.world, self.rank, Some(send), None)?;
@@ -939,6 +971,7 @@ impl Comm {
     /// Receives `buff.len()` elements from `peer` (cudarc's `recv`): the peer's matching
     /// [`Comm::send`] must send as many bytes. See [`Comm::send`].
     pub fn recv<R: DevicePtrMut<T>, T: NcclType>(&self, buff: &mut R, peer: i32) -> Result<Status, Error> {
+        refuse_in_open_group("recv")?;
         let peer = self.check_peer(peer)?;
         let recv = Transfer { peer, bytes: byte_len::<T>(buff.len()) };
         let spec = point_to_point_spec(self.world, self.rank, None, Some(recv))?;
@@ -1793,7 +1826,7 @@ impl<'g> Group<'g> {
     fn run_held(&mut self) -> Result<Status, Error> {
         let (send, recv) = (self.send.take(), self.recv.take());
         if send.is_none() && recv.is_none() {
-            return group_end();
+            return Ok(Status::Success);
         }
         let c = self.comm;
         let spec =
@@ -1953,5 +1986,41 @@ impl PingPongLaunch<'_> {
         }
         let round_trip_us = if self.initiator && done > 0 { ns as f64 / done as f64 / 1e3 } else { 0.0 };
         Ok(PingPong { rounds: done, round_trip_us, initiator: self.initiator })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_nest_per_thread_and_an_unopened_end_is_refused() {
+        assert!(matches!(group_end(), Err(Error::InvalidArgument(_))));
+        assert!(refuse_in_open_group("send").is_ok());
+        group_start().unwrap();
+        group_start().unwrap();
+        assert!(matches!(refuse_in_open_group("send"), Err(Error::Unsupported(m)) if m.contains("comm.group()")));
+        // Another thread has no group open.
+        std::thread::spawn(|| assert!(refuse_in_open_group("recv").is_ok())).join().unwrap();
+        group_end().unwrap();
+        assert!(refuse_in_open_group("send").is_err(), "one level is still open");
+        group_end().unwrap();
+        assert!(refuse_in_open_group("send").is_ok());
+        assert!(matches!(group_end(), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn a_pair_is_one_all_to_all_v_of_bytes_and_a_wider_world_is_refused() {
+        let t = |peer, bytes| Some(Transfer { peer, bytes });
+        let spec = point_to_point_spec(2, 0, t(1, 12), t(1, 5)).unwrap();
+        let sender = point_to_point_spec(2, 1, t(0, 5), None).unwrap();
+        let receiver = point_to_point_spec(2, 1, None, t(0, 12)).unwrap();
+        // Rank 0's exchange: 12 bytes to rank 1, 5 back; each side of it seen from rank 1.
+        assert_eq!(spec, CollectiveSpec::all_to_all_v(2, purlin_snac::DataType::U8, vec![vec![0, 12], vec![5, 0]]));
+        assert_eq!(sender, CollectiveSpec::all_to_all_v(2, purlin_snac::DataType::U8, vec![vec![0, 0], vec![5, 0]]));
+        assert_eq!(receiver, CollectiveSpec::all_to_all_v(2, purlin_snac::DataType::U8, vec![vec![0, 12], vec![0, 0]]));
+        assert!(matches!(point_to_point_spec(3, 0, t(1, 4), None), Err(Error::Unsupported(_))));
+        assert!(matches!(point_to_point_spec(2, 1, t(1, 4), None), Err(Error::InvalidArgument(_))));
+        assert!(matches!(point_to_point_spec(2, 0, None, t(2, 4)), Err(Error::InvalidArgument(_))));
     }
 }

@@ -822,6 +822,13 @@ fn send_recv_and_groups_exchange_at_world_2() {
         check(c.stream().clone_dtoh(&bufs[r].1).expect("read"), values(1 - r, 3, n), format!("rank {r} dropped group"));
         c.async_error().expect("no device error");
     }
+    // Between the free group_start/group_end a lone send is refused before anything runs
+    // (run one by one, an exchange's halves would meet the peer's in the wrong order).
+    purlin_collectives::comm::group_start().expect("group_start");
+    let refused = comms[0].send(&bufs[0].0, 1);
+    purlin_collectives::comm::group_end().expect("group_end");
+    assert!(matches!(refused, Err(purlin_collectives::Error::Unsupported(_))), "{refused:?}");
+    comms[0].async_error().expect("nothing ran, nothing poisoned");
     println!("EXEC send/recv: {calls} results on {world} ranks, {wrong} wrong elements");
     assert_eq!(wrong, 0);
 }

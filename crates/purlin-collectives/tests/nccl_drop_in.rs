@@ -23,6 +23,15 @@ fn the_same_program_compiles_against_both() {
     let purlin_rank: [RankProgram; 1] = [with_purlin::all_reduce_from_rank];
     assert_eq!(nccl.len() + nccl_rank.len(), purlin.len() + purlin_rank.len());
     let _ = (with_nccl::all_reduce_grouped, with_purlin::all_reduce_grouped);
+    let _: [Program; 2] = [with_nccl::exchange_grouped, with_purlin::exchange_grouped];
+}
+
+/// Rank `r` of a world-2 exchange holds what rank `1 - r` sent: `2 - r` everywhere.
+fn expect_exchanged(out: &[Vec<f32>], n: usize) {
+    assert_eq!(out.len(), 2);
+    for (r, o) in out.iter().enumerate() {
+        assert_eq!(o, &vec![(2 - r) as f32; n], "rank {r}");
+    }
 }
 
 fn expect_sums(out: &[Vec<f32>], world: usize, n: usize) {
@@ -58,10 +67,13 @@ fn the_program_runs_on_both() {
     if unsafe { cudarc::nccl::sys::is_culib_present() } {
         expect_sums(&with_nccl::all_reduce_from_devices(n).expect("NCCL from_devices"), world, n);
         expect_sums(&with_nccl::all_reduce_from_rank(world, n).expect("NCCL from_rank"), world, n);
-        println!("DROPIN nccl: both programs correct on {world} GPUs");
+        expect_exchanged(&with_nccl::exchange_grouped(n).expect("NCCL grouped exchange"), n);
+        println!("DROPIN nccl: every program correct on {world} GPUs");
     } else {
         println!("DROPIN nccl: libnccl not found, reference skipped");
     }
     check_purlin(with_purlin::all_reduce_from_devices(n), world, n, "from_devices");
     check_purlin(with_purlin::all_reduce_from_rank(world, n), world, n, "from_rank");
+    expect_exchanged(&with_purlin::exchange_grouped(n).expect("Purlin grouped exchange"), n);
+    println!("DROPIN purlin grouped exchange: correct");
 }

@@ -68,3 +68,32 @@ pub fn all_reduce_grouped(
     drop(group);
     Ok(())
 }
+
+/// One process, the first two GPUs: each rank sends its buffer to the other and receives the
+/// other's, with the group API (one group per rank, all open while the calls are made, as
+/// one thread driving both ranks needs with NCCL).
+pub fn exchange_grouped(n: usize) -> anyhow::Result<Vec<Vec<f32>>> {
+    let streams = (0..2)
+        .map(|i| cudarc::driver::CudaContext::new(i).map(|ctx| ctx.default_stream()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let comms = Comm::from_devices(streams).map_err(|e| anyhow::anyhow!("from_devices: {e:?}"))?;
+    let mut buffers = Vec::new();
+    for comm in &comms {
+        let stream = comm.stream();
+        let send = stream.clone_htod(&vec![(comm.rank() + 1) as f32; n])?;
+        buffers.push((send, stream.alloc_zeros::<f32>(n)?));
+    }
+    {
+        let mut groups: Vec<_> = comms.iter().map(|c| c.group()).collect();
+        for ((group, comm), (send, recv)) in groups.iter_mut().zip(&comms).zip(buffers.iter_mut()) {
+            let peer = (1 - comm.rank()) as i32;
+            group.send(send.as_view(), peer).map_err(|e| anyhow::anyhow!("grouped send: {e:?}"))?;
+            group.recv(recv.as_view_mut(), peer).map_err(|e| anyhow::anyhow!("grouped recv: {e:?}"))?;
+        }
+    }
+    let mut out = Vec::new();
+    for (comm, (_, recv)) in comms.iter().zip(&buffers) {
+        out.push(comm.stream().clone_dtoh(recv)?);
+    }
+    Ok(out)
+}
