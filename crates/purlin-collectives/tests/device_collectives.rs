@@ -178,6 +178,7 @@ fn lengths(coll: Coll, world: usize, n: usize) -> (Vec<usize>, Vec<usize>) {
             Coll::AllGatherV => (per_rank[r], per_rank.iter().sum()),
             Coll::ReduceScatterV => (per_rank.iter().sum(), per_rank[r]),
             Coll::AllToAllV => (counts[r].iter().sum(), (0..world).map(|s| counts[s][r]).sum()),
+            Coll::SendRecv => (n, n),
         })
         .unzip()
 }
@@ -213,6 +214,8 @@ fn expected<T: Elem>(coll: Coll, op: ReduceOp, inputs: &[Vec<T>], n: usize, r: u
                 inputs[s][off..off + counts[s][r]].iter().map(|x| x.to_f64())
             })
             .collect(),
+        // World 2: what the other rank sent.
+        Coll::SendRecv => inputs[1 - r].iter().map(|x| x.to_f64()).collect(),
     }
 }
 
@@ -240,6 +243,10 @@ fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &m
             Coll::AllGatherV => c.all_gather_v(&sends[r], &mut recvs[r], &per_rank),
             Coll::ReduceScatterV => c.reduce_scatter_v(&sends[r], &mut recvs[r], &per_rank, &op),
             Coll::AllToAllV => c.all_to_all_v(&sends[r], &mut recvs[r], &counts),
+            Coll::SendRecv => {
+                let peer = (1 - r) as i32;
+                c.send_recv(&sends[r], peer, &mut recvs[r], peer)
+            }
         };
         res.unwrap_or_else(|e| panic!("{coll:?} {} n={n} rank {r}: {e}", T::NAME));
     }
@@ -270,7 +277,10 @@ fn sweep<T: Elem>(comms: &[Comm], sizes: &[usize], rng: &mut Rng, cases: &mut us
     let ops: &[ReduceOp] =
         if T::REDUCES { &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg] } else { &[] };
     for &n in sizes {
-        for coll in [Coll::AllGather, Coll::AllToAll, Coll::AllGatherV, Coll::AllToAllV] {
+        for coll in [Coll::AllGather, Coll::AllToAll, Coll::AllGatherV, Coll::AllToAllV, Coll::SendRecv] {
+            if coll == Coll::SendRecv && comms.len() != 2 {
+                continue; // a pair is the world only at world 2
+            }
             *wrong += run_case::<T>(comms, coll, ReduceOp::Sum, n, rng);
             *cases += 1;
         }
@@ -467,6 +477,7 @@ fn run_symmetric(
         Coll::AllReduce | Coll::AllReduceInPlace => CollectiveSpec::all_reduce(w, DataType::F32, Op::Sum, n as u64),
         Coll::ReduceScatter => CollectiveSpec::reduce_scatter(w, DataType::F32, Op::Sum, n as u64),
         Coll::ReduceScatterV => CollectiveSpec::reduce_scatter_v(w, DataType::F32, Op::Sum, u64s(&per_rank)),
+        Coll::SendRecv => unreachable!("send/recv never takes the one-copy path"),
     };
     let reduces = matches!(coll, Coll::AllReduce | Coll::AllReduceInPlace | Coll::ReduceScatter | Coll::ReduceScatterV);
     // In place the buffer holds the rank's input at NCCL's offsets (all of it, but an
@@ -522,6 +533,7 @@ fn run_symmetric(
             (Coll::ReduceScatter, true) => c.reduce_scatter_in_place(&mut outs[r], &sum),
             (Coll::ReduceScatter, false) => c.reduce_scatter(&ins[r], &mut outs[r], &sum),
             (Coll::ReduceScatterV, _) => c.reduce_scatter_v(&ins[r], &mut outs[r], &per_rank, &sum),
+            (Coll::SendRecv, _) => unreachable!("send/recv never takes the one-copy path"),
         };
         res.unwrap_or_else(|e| panic!("symmetric {coll:?} in place {in_place} n={n} rank {r}: {e}"));
     }

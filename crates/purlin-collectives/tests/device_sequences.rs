@@ -58,6 +58,8 @@ fn mixed_calls() -> Vec<Call> {
         call(AllGather, Dt::F32, Sum, 400_000),
         call(ReduceScatter, Dt::Bf16, Min, 700_000),
         call(AllToAll, Dt::F32, Sum, 300_000),
+        call(SendRecv, Dt::Bf16, Sum, 3000),
+        call(SendRecv, Dt::F32, Sum, 500_000),
     ]
 }
 
@@ -164,6 +166,7 @@ fn back_to_back_calls() -> Vec<Call> {
         call(AllReduce, Dt::I32, Min, 600_000),
         call(AllToAllV, Dt::F32, Sum, 777),
         call(ReduceScatter, Dt::F32, Sum, 2 << 20),
+        call(SendRecv, Dt::U8, Sum, 5 << 20),
     ]
 }
 

@@ -166,6 +166,8 @@ pub enum Coll {
     AllGatherV,
     ReduceScatterV,
     AllToAllV,
+    /// World-2 `Comm::send_recv`: each rank sends `n` elements to the other and receives its `n`.
+    SendRecv,
 }
 
 impl Coll {
@@ -230,6 +232,7 @@ impl Call {
             Coll::AllGatherV => (per_rank[r], per_rank.iter().sum()),
             Coll::ReduceScatterV => (per_rank.iter().sum(), per_rank[r]),
             Coll::AllToAllV => (counts[r].iter().sum(), (0..w).map(|s| counts[s][r]).sum()),
+            Coll::SendRecv => (n, n),
         }
     }
 
@@ -247,6 +250,12 @@ impl Call {
             Coll::AllGatherV => CollectiveSpec::all_gather_v(w, t, u(&self.per_rank())),
             Coll::ReduceScatterV => CollectiveSpec::reduce_scatter_v(w, t, op, u(&self.per_rank())),
             Coll::AllToAllV => CollectiveSpec::all_to_all_v(w, t, self.v_counts().iter().map(|r| u(r)).collect()),
+            // What `send_recv` runs: the AllToAllV of bytes with the two off-diagonal counts.
+            Coll::SendRecv => {
+                let bytes = (self.n * self.dt.size()) as u64;
+                let m = (0..w).map(|p| (0..w).map(|q| if p == q { 0 } else { bytes }).collect()).collect();
+                CollectiveSpec::all_to_all_v(w, purlin_snac::DataType::U8, m)
+            }
         }
     }
 
@@ -314,6 +323,7 @@ impl Call {
                     })
                     .collect()
             }
+            Coll::SendRecv => inputs[1 - r].iter().map(f).collect(),
         }
     }
 
@@ -355,6 +365,10 @@ impl Call {
             Coll::AllGatherV => comm.all_gather_v(&s, &mut d, &self.per_rank()),
             Coll::ReduceScatterV => comm.reduce_scatter_v(&s, &mut d, &self.per_rank(), op),
             Coll::AllToAllV => comm.all_to_all_v(&s, &mut d, &self.v_counts()),
+            Coll::SendRecv => {
+                let peer = (1 - comm.rank()) as i32;
+                comm.send_recv(&s, peer, &mut d, peer)
+            }
         }
     }
 
