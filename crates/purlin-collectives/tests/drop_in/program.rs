@@ -5,10 +5,13 @@
 // Errors are turned into anyhow errors with `{:?}`, as cudarc programs must do, since
 // `NcclError` is not a `std::error::Error`.
 
-/// One process, every GPU: `from_devices`, then an AllReduce per rank inside a group.
-pub fn all_reduce_from_devices(n: usize) -> anyhow::Result<Vec<Vec<f32>>> {
-    let n_devices = cudarc::driver::CudaContext::device_count()? as usize;
-    let streams = (0..n_devices)
+/// Per rank of a world: a send buffer of `n` elements holding `rank + 1` and a zeroed receive
+/// buffer.
+type RankBuffers = Vec<(cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<f32>)>;
+
+/// One process, the first `devices` GPUs: `from_devices`, and each rank's buffers.
+fn comms_and_buffers(devices: usize, n: usize) -> anyhow::Result<(Vec<Comm>, RankBuffers)> {
+    let streams = (0..devices)
         .map(|i| cudarc::driver::CudaContext::new(i).map(|ctx| ctx.default_stream()))
         .collect::<Result<Vec<_>, _>>()?;
     let comms = Comm::from_devices(streams).map_err(|e| anyhow::anyhow!("from_devices: {e:?}"))?;
@@ -16,19 +19,30 @@ pub fn all_reduce_from_devices(n: usize) -> anyhow::Result<Vec<Vec<f32>>> {
     for comm in &comms {
         let stream = comm.stream();
         let send = stream.clone_htod(&vec![(comm.rank() + 1) as f32; n])?;
-        let recv = stream.alloc_zeros::<f32>(n)?;
-        buffers.push((send, recv));
+        buffers.push((send, stream.alloc_zeros::<f32>(n)?));
     }
+    Ok((comms, buffers))
+}
+
+/// Every rank's receive buffer, read back (waits for each stream).
+fn received(comms: &[Comm], buffers: &RankBuffers) -> anyhow::Result<Vec<Vec<f32>>> {
+    let mut out = Vec::new();
+    for (comm, (_, recv)) in comms.iter().zip(buffers) {
+        out.push(comm.stream().clone_dtoh(recv)?);
+    }
+    Ok(out)
+}
+
+/// One process, every GPU: `from_devices`, then an AllReduce per rank inside a group.
+pub fn all_reduce_from_devices(n: usize) -> anyhow::Result<Vec<Vec<f32>>> {
+    let n_devices = cudarc::driver::CudaContext::device_count()? as usize;
+    let (comms, mut buffers) = comms_and_buffers(n_devices, n)?;
     group_start().map_err(|e| anyhow::anyhow!("group_start: {e:?}"))?;
     for (comm, (send, recv)) in comms.iter().zip(buffers.iter_mut()) {
         comm.all_reduce(send, recv, &ReduceOp::Sum).map_err(|e| anyhow::anyhow!("all_reduce: {e:?}"))?;
     }
     group_end().map_err(|e| anyhow::anyhow!("group_end: {e:?}"))?;
-    let mut out = Vec::new();
-    for (comm, (_, recv)) in comms.iter().zip(&buffers) {
-        out.push(comm.stream().clone_dtoh(recv)?);
-    }
-    Ok(out)
+    received(&comms, &buffers)
 }
 
 /// One rank per thread: rank 0 makes the Id, the others rebuild it from its bytes.
@@ -73,16 +87,7 @@ pub fn all_reduce_grouped(
 /// other's, with the group API (one group per rank, all open while the calls are made, as
 /// one thread driving both ranks needs with NCCL).
 pub fn exchange_grouped(n: usize) -> anyhow::Result<Vec<Vec<f32>>> {
-    let streams = (0..2)
-        .map(|i| cudarc::driver::CudaContext::new(i).map(|ctx| ctx.default_stream()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let comms = Comm::from_devices(streams).map_err(|e| anyhow::anyhow!("from_devices: {e:?}"))?;
-    let mut buffers = Vec::new();
-    for comm in &comms {
-        let stream = comm.stream();
-        let send = stream.clone_htod(&vec![(comm.rank() + 1) as f32; n])?;
-        buffers.push((send, stream.alloc_zeros::<f32>(n)?));
-    }
+    let (comms, mut buffers) = comms_and_buffers(2, n)?;
     {
         let mut groups: Vec<_> = comms.iter().map(|c| c.group()).collect();
         for ((group, comm), (send, recv)) in groups.iter_mut().zip(&comms).zip(buffers.iter_mut()) {
@@ -91,9 +96,5 @@ pub fn exchange_grouped(n: usize) -> anyhow::Result<Vec<Vec<f32>>> {
             group.recv(recv.as_view_mut(), peer).map_err(|e| anyhow::anyhow!("grouped recv: {e:?}"))?;
         }
     }
-    let mut out = Vec::new();
-    for (comm, (_, recv)) in comms.iter().zip(&buffers) {
-        out.push(comm.stream().clone_dtoh(recv)?);
-    }
-    Ok(out)
+    received(&comms, &buffers)
 }
