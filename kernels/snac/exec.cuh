@@ -387,6 +387,69 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
   }
 }
 
+// ------------------------------------------------------------------ the call check
+
+// A rank's call words end where its flag words begin (workspace.rs: CALL_WORDS,
+// CALL_SEQ_WORD): word p holds rank p's word for its latest call, kCallSeqWord this rank's
+// count of calls.
+constexpr u64 kCallWords = 32;
+constexpr u64 kCallSeqWord = kMaxWorld;
+static_assert(kCallSeqWord < kCallWords, "the call count lies among the call words");
+
+__device__ __forceinline__ u64* call_words(const Runtime* rt, u64 rank) {
+  return (u64*)rt->flags[rank % kMaxWorld] - kCallWords;
+}
+
+// The call check, run by one block past the plan's grid (the launch adds it): every rank
+// numbers its calls, stores `number << 32 | digest` (ParamHeader::call_digest) into each
+// peer's call words and compares each peer's word of the same number with its own. Ranks
+// that make different calls (another size, type or operation, another collective, a one-copy
+// buffer against a plain one) then both fail with a mismatch, where one would finish on the
+// other's bytes and the other wait for the device timeout. The block takes no part in the
+// plan: it reads and writes only call words and orders nothing, so the plan runs as it
+// would without it. A peer number past this rank's means the peer finished this call, and
+// so compared the two digests already.
+__device__ __forceinline__ void run_call_check(const ParamHeader* h, const Runtime* rt) {
+  u64* control = (u64*)rt->control;
+  // A poisoned communicator runs nothing; a malformed block fails in the plan's blocks.
+  if (purlin::sync::poisoned(control) || h->magic != kParamMagic || h->version != kParamVersion) return;
+  const u64 rank = h->rank, world = h->world;
+  u64* mine = call_words(rt, rank);
+  // Only this rank's check blocks write the count, one call after another in stream order.
+  const u64 number = (mine[kCallSeqWord] + 1) & 0xffffffffull;
+  mine[kCallSeqWord] = number;
+  const u64 word = number << 32 | (h->call_digest & 0xffffffffull);
+  for (u64 p = 0; p < world; ++p) {
+    if (p != rank) purlin::sync::st_relaxed_sys(call_words(rt, p) + rank, word);
+  }
+  const u64 start = purlin::sync::now_ns();
+  for (u64 p = 0; p < world; ++p) {
+    if (p == rank) continue;
+    for (u32 polls = 1;; ++polls) {
+      const u64 theirs = purlin::sync::ld_relaxed_sys(mine + p);
+      const int ahead = (int)((u32)(theirs >> 32) - (u32)number);
+      if (ahead > 0) break;
+      if (ahead == 0) {
+        if ((u32)theirs == (u32)word) break;
+        purlin::sync::poison_call_mismatch(control, p, word, theirs);
+        return;
+      }
+      if (polls % purlin::sync::kPollsPerCheck == 0) {
+        if (purlin::sync::poisoned(control)) return;
+        if (purlin::sync::now_ns() - start > rt->timeout_ns) {
+          // The peer never made this call: as any wait for it that expired.
+          purlin::sync::poison_with(control, p + 1, number, h->grid, 0, 0);
+          return;
+        }
+      }
+    }
+  }
+}
+
+// Whether this block is the call check's: the last, one past the plan's grid (the launch adds
+// it; deciding by the grid alone keeps a header load off every block's entry).
+__device__ __forceinline__ bool call_check_block() { return blockIdx.x + 1 == gridDim.x; }
+
 }  // namespace snac
 }  // namespace purlin
 
@@ -399,15 +462,24 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
 //   than device memory, round 55). Longer calls, whose launches hide behind the kernel, keep
 //   the block by value: from device memory their kernels ran slower (rounds 55-57), and
 //   still do with the records copied into shared memory (round 79, tuning.rs).
-// RUN's third argument says which: true where the words lie in device memory.
+// RUN's third argument says which: true where the words lie in device memory. The block past
+// the plan's grid runs the call check instead (run_call_check).
 #define PURLIN_EXEC_ENTRY_POINTS(NAME, RUN)                                                            \
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
       NAME(const __grid_constant__ purlin::snac::Runtime rt,                                           \
            const __grid_constant__ purlin::snac::ParamBlock<PURLIN_PARAM_WORDS> params) {              \
+    if (purlin::snac::call_check_block()) {                                                    \
+      if (purlin::atom::tid() == 0) purlin::snac::run_call_check((const purlin::snac::ParamHeader*)params.w, &rt); \
+      return;                                                                                          \
+    }                                                                                                  \
     RUN(params.w, &rt, false);                                                                         \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
       NAME##_global(const __grid_constant__ purlin::snac::Runtime rt,                                  \
                     const purlin::snac::u64* __restrict__ words) {                                     \
+    if (purlin::snac::call_check_block()) {                                                     \
+      if (purlin::atom::tid() == 0) purlin::snac::run_call_check((const purlin::snac::ParamHeader*)words, &rt); \
+      return;                                                                                          \
+    }                                                                                                  \
     RUN(words, &rt, true);                                                                             \
   }

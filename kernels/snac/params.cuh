@@ -1,5 +1,5 @@
 // The CUDA side of SNAC's run-time parameter block (crates/purlin-snac/src/params.rs,
-// layout version 3): a header of u64 fields, a block table (role | shape << 32, first
+// layout version 4): a header of u64 fields, a block table (role | shape << 32, first
 // record, steps) and the step records. A CI test compiles this header together with
 // static_asserts generated from the Rust side's field offsets (purlin_snac::params::c_header),
 // so the two cannot drift.
@@ -30,10 +30,11 @@ struct ParamHeader {
   u64 max_coresident_blocks;
   u64 block_table;
   u64 total_words;
+  u64 call_digest;
 };
 
 constexpr u64 kParamMagic = 0x3152415043414e53ull;  // "SNACPAR1", little-endian
-constexpr u64 kParamVersion = 3;
+constexpr u64 kParamVersion = 4;
 
 // Opcodes of step records.
 enum Op : unsigned int {

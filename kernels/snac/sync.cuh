@@ -187,6 +187,17 @@ __device__ __forceinline__ void poison_with(u64* control, u64 peer_plus_one, u64
   st_relaxed_sys(&control[0], 1);
 }
 
+// Marks the communicator poisoned because a peer's call differs from this rank's (the call
+// check, exec.cuh): control[0] = 2, control[1] = peer + 1, control[6] and control[7] = this
+// rank's and the peer's call words (number << 32 | digest).
+__device__ __forceinline__ void poison_call_mismatch(u64* control, u64 peer, u64 mine, u64 theirs) {
+  st_relaxed_sys(&control[1], peer + 1);
+  st_relaxed_sys(&control[6], mine);
+  st_relaxed_sys(&control[7], theirs);
+  fence_acq_rel_sys();
+  st_relaxed_sys(&control[0], 2);
+}
+
 __device__ __forceinline__ bool poisoned(const u64* control) { return ld_relaxed_sys(control) != 0; }
 
 }  // namespace sync

@@ -372,7 +372,8 @@ pub struct Comm {
     coresidency: CoResidency,
     kernels: Vec<LoadedKernel>,
     pub(crate) exec: DeviceExecutor,
-    /// The co-residency bound of the executor kernels, agreed across ranks.
+    /// The most blocks an executor plan may have: the executor kernels' co-residency bound,
+    /// agreed across ranks, less the call check's block that every launch adds.
     pub(crate) exec_bound: u32,
     tuning: Tuning,
     verify: Option<purlin_snac::verify::Options>,
@@ -589,7 +590,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         }
     }
     let min_bound = agreed[0];
-    let exec_bound = agreed[agreed.len() - 1];
+    let exec_bound = agreed[agreed.len() - 1].saturating_sub(1).max(1);
     let kernels: Vec<LoadedKernel> = extra
         .into_iter()
         .zip(&agreed[1..agreed.len() - 1])
@@ -639,6 +640,25 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
     };
     comm.host.barrier("set-up: final barrier")?;
     Ok(comm)
+}
+
+/// The error of a call whose ranks' digests differ, from this rank's control words (poison
+/// code 2, written by the call check in kernels/snac/exec.cuh: word 1 the peer + 1, words 6
+/// and 7 this rank's and the peer's `number << 32 | digest`); `None` for any other state.
+pub(crate) fn call_mismatch(rank: usize, control: &[u64; 8]) -> Option<Error> {
+    let peer = control[1].checked_sub(1)? as usize;
+    (control[0] == 2).then(|| Error::Mismatch {
+        rank,
+        peer,
+        what: format!(
+            "their calls differ (call {}: digest {:#010x} here, {:#010x} on rank {peer}); every rank must make \
+             the same collective calls in the same order, with the same counts, element type and operation, \
+             and all on symmetric buffers or none",
+            control[6] >> 32,
+            control[6] as u32,
+            control[7] as u32,
+        ),
+    })
 }
 
 /// Serialises kernel-cache lookups and compiles within this process.
@@ -864,13 +884,18 @@ impl Comm {
             }
             return Err(e);
         }
-        let mut words = [0u64; 2];
+        let mut words = [0u64; 8];
         self.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        // SAFETY: reads 16 bytes from the start of this rank's own live workspace (the
-        // control region) into a 16-byte host buffer.
-        unsafe { sys::cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), self.addrs[self.rank], 16) }
+        // SAFETY: reads 64 bytes from the start of this rank's own live workspace (the
+        // control region, 256 bytes) into a 64-byte host buffer.
+        unsafe { sys::cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), self.addrs[self.rank], 64) }
             .result()
             .map_err(driver("cuMemcpyDtoH"))?;
+        if let Some(mismatch) = call_mismatch(self.rank, &words) {
+            // Later calls fail at once, naming it.
+            self.poison.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(mismatch.to_string());
+            return Err(mismatch);
+        }
         if words[0] != 0 {
             // The kernel names the peer where its wait knows it (handshakes); in a world of
             // two the other rank is the only one a wait can be for.

@@ -353,7 +353,8 @@ impl CpuComm {
     /// `Err(Error::Poisoned)` once a wait of any rank expired (like `ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Result<(), Error> {
         if self.shared.world.is_poisoned() {
-            Err(Error::Poisoned("a host executor wait expired on this world".into()))
+            let why = self.shared.world.poison_reason();
+            Err(Error::Poisoned(why.unwrap_or_else(|| "a host executor wait expired on this world".into())))
         } else {
             Ok(())
         }

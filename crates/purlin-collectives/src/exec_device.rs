@@ -7,7 +7,8 @@
 //! 31 KiB block every time: 2.4 µs per launch, round 49).
 //!
 //! Launches are cooperative: a grid that cannot be co-resident fails at launch instead of
-//! hanging (plans never exceed the co-residency bound agreed at set-up). No cudarc event is
+//! hanging (plans stay one block below the co-residency bound agreed at set-up: every launch
+//! adds the call check's block, kernels/snac/exec.cuh). No cudarc event is
 //! recorded by a launch (every argument is a plain value), so launches can be captured in
 //! CUDA graphs.
 
@@ -397,8 +398,9 @@ impl DeviceExecutor {
             Some(shaped) if params.shaped => (&shaped.entries, 0),
             _ => (self.interpreter(&key)?, self.atom.smem_bytes()),
         };
+        // One block past the plan's runs the call check (kernels/snac/exec.cuh).
         let cfg =
-            LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (self.atom.threads(), 1, 1), shared_mem_bytes: smem };
+            LaunchConfig { grid_dim: (grid + 1, 1, 1), block_dim: (self.atom.threads(), 1, 1), shared_mem_bytes: smem };
         let uploaded = if params.eager_from_device { self.uploaded(stream, params)? } else { None };
         let mut launch = match &uploaded {
             Some(words) => {
@@ -419,8 +421,9 @@ impl DeviceExecutor {
             // rewritten;
             // a shaped kernel runs only plans whose every block shape it holds, at the catalog
             // index `params` wrote into the block table, and needs no dynamic shared memory; the
-            // caller guarantees the addresses in `rt`; the grid is within the co-residency bound
-            // the plan was derived under (a cooperative launch refuses a grid that cannot be
+            // caller guarantees the addresses in `rt`; the grid (the plan's and the call check's
+            // block) is within the co-residency bound the plan was derived under, which
+            // `Comm::exec_bound` keeps one block below the kernels' (a cooperative launch refuses a grid that cannot be
             // co-resident instead of hanging; a plain one, an A/B knob, relies on that bound);
             // every device wait is bounded by rt.timeout_ns.
             unsafe { launch.launch_cooperative(cfg) }.map_err(driver("cuLaunchCooperativeKernel"))?;

@@ -24,6 +24,18 @@ use purlin_snac::{
 };
 
 use crate::error::Error;
+use crate::workspace::{CALL_SEQ_WORD, CALL_WORDS};
+
+/// A call in a few words, for errors: `AllReduce of 1000 × F32 (Sum)`.
+pub(crate) fn describe(spec: &purlin_snac::CollectiveSpec) -> String {
+    let counts = match &spec.counts {
+        purlin_snac::Counts::Uniform(n) => format!("{n}"),
+        purlin_snac::Counts::PerRank(c) => format!("{c:?}"),
+        purlin_snac::Counts::PerPair(c) => format!("{c:?}"),
+    };
+    let op = spec.op.map(|o| format!(" ({o:?})")).unwrap_or_default();
+    format!("{:?} of {counts} × {:?}{op}", spec.collective, spec.dtype)
+}
 
 /// Plain bytes that several threads reach through raw pointers (staging).
 struct SharedBytes {
@@ -79,6 +91,8 @@ struct RankMemory {
     flags: Box<[AtomicU64]>,
     counters: Box<[AtomicU64]>,
     epochs: Box<[AtomicU64]>,
+    /// The call check's words (the device workspace's `calls`, [`CALL_WORDS`]).
+    calls: Box<[AtomicU64]>,
 }
 
 /// The memory of every rank of a host world, and what its waits block on.
@@ -87,6 +101,8 @@ pub struct HostWorld {
     ranks: Vec<RankMemory>,
     wake: (Mutex<u64>, Condvar),
     poisoned: AtomicBool,
+    /// Why the world was poisoned, when a call check said (a mismatch).
+    poison_reason: Mutex<Option<String>>,
     timeout: Duration,
 }
 
@@ -158,9 +174,17 @@ impl HostWorld {
                 flags: atomics(config.flag_words),
                 counters: atomics(config.counter_words),
                 epochs: atomics(config.epoch_words),
+                calls: atomics(CALL_WORDS),
             })
             .collect();
-        Self { config, ranks, wake: (Mutex::new(0), Condvar::new()), poisoned: AtomicBool::new(false), timeout }
+        Self {
+            config,
+            ranks,
+            wake: (Mutex::new(0), Condvar::new()),
+            poisoned: AtomicBool::new(false),
+            poison_reason: Mutex::new(None),
+            timeout,
+        }
     }
 
     /// The number of ranks.
@@ -195,6 +219,17 @@ impl HostWorld {
         self.notify_all();
     }
 
+    /// Why the world is poisoned, where a call check recorded it (else `None`).
+    pub fn poison_reason(&self) -> Option<String> {
+        self.poison_reason.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Poisons the world because of `error`, which later calls quote.
+    fn poison_because(&self, error: &Error) {
+        self.poison_reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| error.to_string());
+        self.poison();
+    }
+
     fn notify_all(&self) {
         let mut generation = self.wake.0.lock().unwrap_or_else(|e| e.into_inner());
         *generation = generation.wrapping_add(1);
@@ -227,23 +262,95 @@ impl HostWorld {
     pub fn execute(&self, plan: &Plan, buffers: CallBuffers, trace: bool) -> Result<Vec<TraceEntry>, Error> {
         let rank = plan.rank as usize;
         if self.is_poisoned() {
-            return Err(Error::Poisoned("an earlier host wait expired".into()));
+            return Err(Error::Poisoned(self.poison_reason().unwrap_or_else(|| "an earlier host wait expired".into())));
         }
         self.check_fits(plan, &buffers)?;
-        let results: Vec<Result<Vec<TraceEntry>, Error>> = std::thread::scope(|scope| {
+        if plan.blocks.is_empty() {
+            return Ok(vec![]); // an empty call: nothing moves, nothing advances (on every rank)
+        }
+        let (check, results): (Result<(), Error>, Vec<Result<Vec<TraceEntry>, Error>>) = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..plan.blocks.len())
                 .map(|b| scope.spawn(move || BlockRun { world: self, plan, rank, block: b, buffers, trace }.run()))
                 .collect();
-            handles
+            // The device launch's extra block, here on the calling thread.
+            let check = self.check_call(plan);
+            let results = handles
                 .into_iter()
                 .map(|h| h.join().unwrap_or_else(|_| Err(Error::Poisoned("a host executor thread panicked".into()))))
-                .collect()
+                .collect();
+            (check, results)
         });
+        // A mismatch is the cause of whatever the blocks then saw (the poison it set).
+        check?;
         let mut entries = Vec::new();
         for r in results {
             entries.extend(r?);
         }
         Ok(entries)
+    }
+
+    /// The call check (kernels/snac/exec.cuh `run_call_check`, the same words and rules):
+    /// numbers this rank's call, gives every peer `number << 32 | digest` and compares each
+    /// peer's word of the same number with its own. A peer past this number finished the
+    /// call, so it compared the digests already.
+    fn check_call(&self, plan: &Plan) -> Result<(), Error> {
+        let rank = plan.rank as usize;
+        let mine = &self.ranks[rank].calls;
+        // Only this rank's calls write the count, one call after another.
+        let number = (mine[CALL_SEQ_WORD].load(Ordering::Relaxed) + 1) & 0xffff_ffff;
+        mine[CALL_SEQ_WORD].store(number, Ordering::Relaxed);
+        let digest = plan.call_digest();
+        let word = number << 32 | u64::from(digest);
+        for (_, peer) in self.ranks.iter().enumerate().filter(|(p, _)| *p != rank) {
+            peer.calls[rank].store(word, Ordering::Release);
+        }
+        self.notify_all();
+        let deadline = Instant::now() + self.timeout;
+        let ahead = |theirs: u64| ((theirs >> 32) as u32).wrapping_sub(number as u32) as i32;
+        // A peer's word of this call number that differs from this rank's.
+        let differs = |p: usize| {
+            let theirs = mine[p].load(Ordering::Acquire);
+            (ahead(theirs) == 0 && theirs as u32 != digest).then(|| Error::Mismatch {
+                rank,
+                peer: p,
+                what: format!(
+                    "their calls differ (call {number}: this rank's {} has digest {digest:#010x}, rank {p}'s call \
+                     {:#010x}); every rank must make the same collective calls in the same order, with the same \
+                     counts, element type and operation, and all on symmetric buffers or none",
+                    describe(&plan.spec),
+                    theirs as u32
+                ),
+            })
+        };
+        let peers = || (0..self.ranks.len()).filter(move |&p| p != rank);
+        for p in peers() {
+            match self.wait_until(deadline, || ahead(mine[p].load(Ordering::Acquire)) >= 0) {
+                Ok(()) => {
+                    if let Some(mismatch) = differs(p) {
+                        self.poison_because(&mismatch);
+                        return Err(mismatch);
+                    }
+                }
+                // Another pair's mismatch poisoned the world while this rank waited for a
+                // peer: a peer that already stored its word may differ from this rank too.
+                Err(WaitFailure::Poisoned) => {
+                    return Err(peers().find_map(differs).unwrap_or_else(|| {
+                        let why = self.poison_reason().unwrap_or_else(|| "another rank's wait expired".into());
+                        Error::Poisoned(format!("rank {rank}: {why}"))
+                    }));
+                }
+                Err(WaitFailure::Timeout) => {
+                    self.poison();
+                    return Err(Error::Timeout {
+                        rank,
+                        peer: p,
+                        waited: self.timeout,
+                        during: format!("host executor, call check: rank {p} never made call {number}"),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     fn check_fits(&self, plan: &Plan, b: &CallBuffers) -> Result<(), Error> {
@@ -395,8 +502,11 @@ impl BlockRun<'_> {
                     at.chunk
                 );
                 // The peer of a flag wait is whoever the plan says writes that flag; a plan for
-                // one rank does not say, so unknown peers are reported as the rank itself.
-                Error::Timeout { rank: self.rank, peer: peer.unwrap_or(self.rank), waited: self.world.timeout, during }
+                // one rank does not say, so an unknown peer is the other rank of a world of two
+                // (as on the device), else reported as the rank itself.
+                let world = self.world.ranks.len();
+                let peer = peer.or((world == 2).then(|| 1 - self.rank)).unwrap_or(self.rank);
+                Error::Timeout { rank: self.rank, peer, waited: self.world.timeout, during }
             }
         }
     }

@@ -32,6 +32,13 @@ pub const FLAG_STRIDE: usize = 128;
 /// slot, since flags are never reset).
 pub const FLAG_SLOTS: usize = 16;
 
+/// Words of the call-check region (`kCallWords` in kernels/snac/exec.cuh): word `p` holds
+/// rank `p`'s word for its latest call (`sequence << 32 | call digest`), word
+/// [`CALL_SEQ_WORD`] this rank's own call sequence number; the rest is spare.
+pub const CALL_WORDS: usize = 32;
+/// The call-check word that counts this rank's calls (`kCallSeqWord`).
+pub const CALL_SEQ_WORD: usize = purlin_topo::MAX_WORLD;
+
 /// Physical bytes of the packet window per payload byte: both packet formats (4 + 4 and
 /// 8 + 8 bytes) carry as many flag bytes as payload bytes.
 pub const WINDOW_PHYSICAL_FACTOR: usize = 2;
@@ -139,6 +146,10 @@ pub struct WorkspaceLayout {
     pub setup_flags: Region,
     /// Per-block epochs (u64 × epoch_words).
     pub epochs: Region,
+    /// The call check's words ([`CALL_WORDS`]), written by every peer's executor at each
+    /// call. It ends where `flags` begins, which is how the executors find it from a rank's
+    /// flag address (the one invariant between two regions of the layout).
+    pub calls: Region,
     /// Protocol flag words: signals and drains (u64 × flag_words).
     pub flags: Region,
     /// Arrival counters (u64 × counter_words).
@@ -174,16 +185,31 @@ impl WorkspaceLayout {
         let control = region("control", 256);
         let setup_flags = region("setup", world * FLAG_SLOTS * FLAG_STRIDE);
         let epochs = region("epochs", config.epoch_words * 8);
-        let flags = region("flags", config.flag_words * 8);
+        // The call words share the flags' page, just before them (`calls`).
+        let calls_and_flags = region("flags", CALL_WORDS * 8 + config.flag_words * 8);
+        let calls = Region { name: "calls", offset: calls_and_flags.offset, bytes: CALL_WORDS * 8 };
+        let flags = Region { name: "flags", offset: calls.offset + calls.bytes, bytes: config.flag_words * 8 };
         let counters = region("counters", config.counter_words * 8);
         let window = region("window", WINDOW_PHYSICAL_FACTOR * config.window_bytes);
         let staging = region("staging", config.staging_bytes);
-        Ok(Self { config, world, control, setup_flags, epochs, flags, counters, window, staging, total_bytes: at })
+        Ok(Self {
+            config,
+            world,
+            control,
+            setup_flags,
+            epochs,
+            calls,
+            flags,
+            counters,
+            window,
+            staging,
+            total_bytes: at,
+        })
     }
 
     /// All regions in address order.
-    pub fn regions(&self) -> [Region; 7] {
-        [self.control, self.setup_flags, self.epochs, self.flags, self.counters, self.window, self.staging]
+    pub fn regions(&self) -> [Region; 8] {
+        [self.control, self.setup_flags, self.epochs, self.calls, self.flags, self.counters, self.window, self.staging]
     }
 
     /// Offset of the set-up flag word that `writer` sets in this rank's workspace, in slot `slot`.
@@ -563,8 +589,11 @@ mod tests {
                 assert!(w[0].offset + w[0].bytes <= w[1].offset, "{:?} overlaps {:?}", w[0], w[1]);
             }
             for r in regions {
-                assert_eq!(r.offset % REGION_ALIGN, 0);
+                // Every region starts a page but the flags, which follow the call words.
+                assert_eq!(r.offset % REGION_ALIGN, if r.name == "flags" { l.calls.bytes } else { 0 }, "{r:?}");
             }
+            assert_eq!(l.calls.offset + l.calls.bytes, l.flags.offset, "the executors find the calls before the flags");
+            assert!(CALL_SEQ_WORD < CALL_WORDS && world <= CALL_SEQ_WORD);
             assert_eq!(l.total_bytes % REGION_ALIGN, 0);
             assert!(l.total_bytes < 74 << 20, "default workspace too big at world {world}: {}", l.total_bytes);
             assert!(l.flag_offset(world - 1, FLAG_SLOTS - 1) + 8 <= l.setup_flags.offset + l.setup_flags.bytes);

@@ -844,3 +844,86 @@ fn send_recv_and_groups_exchange_at_world_2() {
     println!("EXEC send/recv: {calls} results on {world} ranks, {wrong} wrong elements");
     assert_eq!(wrong, 0);
 }
+
+/// Ranks that make different calls (another size, in the latency and the staged regime,
+/// another collective, one-copy buffers against plain ones) all get `Error::Mismatch` from
+/// the call check (a mismatch, not an expired wait), and nothing runs afterwards.
+#[test]
+#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+fn ranks_that_make_different_calls_get_a_mismatch_on_every_rank() {
+    use purlin_collectives::Error;
+    let Some(g) = gpus() else { panic!("needs 2 GPUs") };
+    let world = g.streams.len();
+    // (what differs, elements rank 0 / the others reduce or contribute, how).
+    let cases: [(&str, usize, usize, &str); 5] = [
+        ("count, packets", 1000, 2000, "all_reduce"),
+        ("count, staged", 4 << 20, 5 << 20, "all_reduce"),
+        ("count by one element", 4096, 4097, "all_reduce"),
+        ("collective", 64, 64, "all_gather|all_to_all"),
+        ("one-copy against plain", 1 << 20, 1 << 20, "symmetric|plain"),
+    ];
+    let mut checked = 0;
+    for (what, n0, n1, how) in cases {
+        let comms = Comm::from_devices_with_config(g.streams.clone(), config(None, StagingSide::Peer)).expect("set-up");
+        let n_of = |r: usize| if r == 0 { n0 } else { n1 };
+        let mut symmetric = if how == "symmetric|plain" {
+            let ins = Comm::alloc_symmetric_group::<f32>(&comms, n0).expect("symmetric inputs");
+            let outs = Comm::alloc_symmetric_group::<f32>(&comms, n0).expect("symmetric outputs");
+            Some((ins, outs))
+        } else {
+            None
+        };
+        let mut bufs: Vec<(CudaSlice<f32>, CudaSlice<f32>)> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let s = c.stream();
+                let n = n_of(r);
+                (s.clone_htod(&vec![1f32; n * world]).expect("send"), s.alloc_zeros::<f32>(n * world).expect("recv"))
+            })
+            .collect();
+        let start = std::time::Instant::now();
+        // Every rank's call enqueued, then every stream drained: the check ends both kernels.
+        for (r, c) in comms.iter().enumerate() {
+            let (send, recv) = &mut bufs[r];
+            let n = n_of(r);
+            match (how, r) {
+                ("all_reduce", _) => c.all_reduce(&send.slice(..n), &mut recv.slice_mut(..n), &ReduceOp::Sum),
+                ("all_gather|all_to_all", 0) => c.all_gather(&send.slice(..n), &mut recv.slice_mut(..n * world)),
+                ("all_gather|all_to_all", _) => {
+                    c.all_to_all(&send.slice(..n * world), &mut recv.slice_mut(..n * world))
+                }
+                ("symmetric|plain", 0) => {
+                    let (ins, outs) = symmetric.as_mut().expect("allocated");
+                    let (i, o) = (&ins[0], &mut outs[0]);
+                    c.all_reduce(i, o, &ReduceOp::Sum)
+                }
+                _ => c.all_reduce(&send.slice(..n), &mut recv.slice_mut(..n), &ReduceOp::Sum),
+            }
+            .unwrap_or_else(|e| panic!("{what}: rank {r}'s launch: {e}"));
+        }
+        for c in &comms {
+            c.stream().synchronize().expect("the check ends the kernels");
+        }
+        let took = start.elapsed();
+        for (r, c) in comms.iter().enumerate() {
+            match c.async_error() {
+                Err(Error::Mismatch { rank, peer, what: why }) => {
+                    assert_eq!(rank, r);
+                    assert!(peer != r && (r == 0 || peer == 0), "{what}: rank {r} names rank {peer}");
+                    println!("EXEC mismatch ({what}) rank {r} after {took:?}: {why}");
+                }
+                other => panic!("{what}: rank {r}: expected a mismatch, got {other:?}"),
+            }
+            // Later calls fail at once, naming it.
+            let (send, recv) = &mut bufs[r];
+            match c.all_reduce(&send.slice(..8), &mut recv.slice_mut(..8), &ReduceOp::Sum) {
+                Err(Error::Poisoned(why)) => assert!(why.contains("calls differ"), "{why}"),
+                other => panic!("{what}: rank {r}'s next call: {other:?}"),
+            }
+        }
+        checked += 1;
+    }
+    println!("EXEC call check: {checked} mismatches reported on all {world} ranks");
+    assert_eq!(checked, cases.len());
+}

@@ -1,7 +1,7 @@
 //! The run-time parameter block: a plan's numbers as a flat array of little-endian `u64`
 //! words, read by the device executor as a `__grid_constant__` kernel parameter.
 //!
-//! # Layout (version 3)
+//! # Layout (version 4)
 //!
 //! Words `0..HEADER_WORDS` are [`ParamHeader`], a `#[repr(C)]` struct of `u64` fields whose
 //! byte offsets [`header_fields`] lists (and [`c_header`] turns into a C struct with
@@ -44,8 +44,9 @@ use crate::plan::{
 
 /// `"SNACPAR1"` as a little-endian word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SNACPAR1");
-/// Layout version (2: shared stages and ticket resets; 3: shape indices in the block table).
-pub const VERSION: u64 = 3;
+/// Layout version (2: shared stages and ticket resets; 3: shape indices in the block table;
+/// 4: the call digest).
+pub const VERSION: u64 = 4;
 /// Words in the header.
 pub const HEADER_WORDS: usize = std::mem::size_of::<ParamHeader>() / 8;
 
@@ -76,6 +77,9 @@ pub struct ParamHeader {
     pub block_table: u64,
     /// Total words of the parameter block.
     pub total_words: u64,
+    /// [`Plan::call_digest`]: what every rank's plan of one call agrees on. The executors
+    /// exchange it at every call and fail a call whose ranks' digests differ.
+    pub call_digest: u64,
 }
 
 macro_rules! fields {
@@ -114,7 +118,8 @@ fields!(
     counter_words,
     max_coresident_blocks,
     block_table,
-    total_words
+    total_words,
+    call_digest
 );
 
 /// C source of the header struct with one `static_assert(offsetof(...) == N)` per field, for
@@ -367,6 +372,7 @@ pub fn encode(plan: &Plan) -> Vec<u64> {
         max_coresident_blocks: plan.max_coresident_blocks as u64,
         block_table: HEADER_WORDS as u64,
         total_words: 0,
+        call_digest: u64::from(plan.call_digest()),
     };
     let table = HEADER_WORDS;
     let mut w = W(vec![0; table + 3 * plan.blocks.len()]);

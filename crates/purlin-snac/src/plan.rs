@@ -449,6 +449,22 @@ impl Plan {
         found
     }
 
+    /// A 32-bit digest of what every rank's plan of one call must agree on: the spec (the
+    /// collective, world, element type, operation, reduction mode and every count) and
+    /// whether this rank's plan reaches into peers' buffers (a one-copy plan meets only
+    /// one-copy plans). Not the rank, the regime, the grid or the alias: those may differ
+    /// between ranks of one call, or follow from the spec. The executors compare it across
+    /// ranks at every call, so ranks that make different calls get an error instead of one
+    /// rank finishing on the other's bytes. FNV-1a over the spec's `Debug` text: the same
+    /// on every rank of one build, which is what ranks of one communicator run.
+    pub fn call_digest(&self) -> u32 {
+        let (peer_inputs, peer_outputs) = self.peer_spaces();
+        let text = format!("{:?}|{}{}", self.spec, u8::from(peer_inputs), u8::from(peer_outputs));
+        let hash =
+            text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        (hash ^ (hash >> 32)) as u32
+    }
+
     /// Number of steps, loop bodies counted once: the plan's size, independent of the payload.
     pub fn step_count(&self) -> usize {
         self.blocks
