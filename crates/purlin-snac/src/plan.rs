@@ -384,6 +384,11 @@ pub struct Plan {
     pub advance: Advance,
     /// The co-residency bound this plan was made under (DESIGN.md §3.3).
     pub max_coresident_blocks: u32,
+    /// Derived as a one-copy plan (every rank's buffers registered, `PlanConfig::peer_outputs`
+    /// and `peer_inputs`): true on every rank of such a call, also on a rank whose plan
+    /// touches no peer's buffer (all its V partitions empty).
+    #[serde(default)]
+    pub one_copy: bool,
     pub blocks: Vec<BlockProgram>,
 }
 
@@ -451,15 +456,14 @@ impl Plan {
 
     /// A 32-bit digest of what every rank's plan of one call must agree on: the spec (the
     /// collective, world, element type, operation, reduction mode and every count) and
-    /// whether this rank's plan reaches into peers' buffers (a one-copy plan meets only
-    /// one-copy plans). Not the rank, the regime, the grid or the alias: those may differ
-    /// between ranks of one call, or follow from the spec. The executors compare it across
-    /// ranks at every call, so ranks that make different calls get an error instead of one
-    /// rank finishing on the other's bytes. FNV-1a over the spec's `Debug` text: the same
-    /// on every rank of one build, which is what ranks of one communicator run.
+    /// whether it is a one-copy plan (which meets only one-copy plans). Not the rank, the
+    /// regime, the grid or the alias: those may differ between ranks of one call, or follow
+    /// from the spec. The executors compare it across ranks at every call, so ranks that
+    /// make different calls get an error instead of one rank finishing on the other's bytes.
+    /// FNV-1a over the spec's `Debug` text: the same on every rank of one build, which is
+    /// what ranks of one communicator run.
     pub fn call_digest(&self) -> u32 {
-        let (peer_inputs, peer_outputs) = self.peer_spaces();
-        let text = format!("{:?}|{}{}", self.spec, u8::from(peer_inputs), u8::from(peer_outputs));
+        let text = format!("{:?}|{}", self.spec, u8::from(self.one_copy));
         let hash =
             text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
         (hash ^ (hash >> 32)) as u32
@@ -935,6 +939,9 @@ pub fn check_set(plans: &[Plan]) -> Result<(), PlanError> {
         }
         if p.regime != first.regime || p.packet != first.packet {
             return dis("the regime or packet format");
+        }
+        if p.one_copy != first.one_copy || p.call_digest() != first.call_digest() {
+            return dis("one-copy or not (the call digest)");
         }
     }
     // Every notification target, handshake send and packet put, per rank.

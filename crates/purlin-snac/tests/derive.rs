@@ -306,6 +306,7 @@ fn hand_written_plans_through_the_public_api() {
                 },
                 advance: Advance::Fixed(1),
                 max_coresident_blocks: 1,
+                one_copy: false,
                 blocks: vec![BlockProgram { role: Role::Custom(0), steps }],
             }
         })

@@ -330,6 +330,7 @@ pub(crate) fn empty_plan(
         },
         advance: crate::plan::Advance::Fixed(0),
         max_coresident_blocks: cfg.max_coresident_blocks,
+        one_copy: false,
         blocks: vec![],
     }
 }

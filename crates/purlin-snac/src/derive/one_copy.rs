@@ -69,6 +69,7 @@ fn transfers(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Vec<Transfer
 pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
     let world = spec.world;
     let mut plan = empty_plan(spec, cfg, rank, Regime::Throughput, Some(cfg.staging_side));
+    plan.one_copy = true;
     if empty_non_v(spec) {
         return Ok(plan);
     }
