@@ -3,7 +3,8 @@
 //!
 //! - `purlin-bench-<variant>` per ref, built from its own checkout (a `git worktree` under
 //!   `target/ab-src/`, one shared `target/ab-build/`, so dependencies build once);
-//! - each candidate's `atom_gpu`, `device_collectives` and `device_conformance` tests under
+//! - each candidate's `atom_gpu`, `device_collectives`, `device_conformance`, `device_sequences`
+//!   and `device_faults` tests under
 //!   `bin/<variant>/` (the baseline's are main's: the rounds that landed ran them);
 //! - `kernels.tgz`: every ref's sm_90 kernels (of the fp8 reductions only sum's; the others
 //!   compile on the GPU machine if a run needs them), compiled here by that ref's own `cargo xtask cubin`
@@ -30,10 +31,12 @@ const SWEEPS_TXT: &str = include_str!("../ab-round/sweeps.txt");
 
 /// The GPU tests each candidate runs, as (package, test): the Atom against the host Atom,
 /// and every collective and dtype checked exactly.
-const CANDIDATE_TESTS: [(&str, &str); 3] = [
+const CANDIDATE_TESTS: [(&str, &str); 5] = [
     ("purlin-atom", "atom_gpu"),
     ("purlin-collectives", "device_collectives"),
     ("purlin-collectives", "device_conformance"),
+    ("purlin-collectives", "device_sequences"),
+    ("purlin-collectives", "device_faults"),
 ];
 
 const USAGE: &str = "usage: cargo xtask ab-round [--out DIR] [--sweeps FILE] [--reps N] BASE CANDIDATE...";
