@@ -381,3 +381,40 @@ proptest! {
         }
     }
 }
+
+/// The call digest: the same on every rank of a derived set (also a one-copy set where a rank
+/// has nothing to send or receive), different for another spec or one-copy against staged.
+#[test]
+fn call_digests_agree_within_a_call_and_differ_between_calls() {
+    let mut seen = std::collections::HashMap::new();
+    let mut one_copy_sets = 0;
+    for world in [2, 3, 4] {
+        for c in Collective::ALL {
+            for (n, v) in [(1u64, vec![1, 0, 3, 1]), (100, vec![0, 100, 0, 7]), (100, vec![0, 0, 0, 0])] {
+                let spec = spec_of(c, world, DataType::F32, n, v);
+                for one_copy in [false, true] {
+                    let cfg = PlanConfig {
+                        peer_outputs: one_copy,
+                        peer_inputs: one_copy,
+                        ..small_cfg(Regime::Throughput, StagingSide::Peer)
+                    };
+                    let plans = derive(&spec, &cfg).unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+                    let digest = plans[0].call_digest();
+                    assert!(plans.iter().all(|p| p.call_digest() == digest), "{spec:?} one-copy {one_copy}");
+                    assert!(plans.iter().all(|p| p.one_copy == plans[0].one_copy), "{spec:?}");
+                    assert!(one_copy || !plans[0].one_copy, "{spec:?}: one-copy without registered buffers");
+                    one_copy_sets += usize::from(plans[0].one_copy);
+                    // Distinct calls, distinct digests (32 bits: no collision among these).
+                    let key = format!("{spec:?} {}", plans[0].one_copy);
+                    if let Some(other) = seen.insert(digest, key.clone()) {
+                        assert_eq!(other, key, "two calls share the digest {digest:#x}");
+                    }
+                    let words = params::encode(&plans[0]);
+                    assert_eq!(params::decode(&words).expect("decode").0.call_digest, u64::from(digest));
+                }
+            }
+        }
+    }
+    assert!(seen.len() > 100, "{}", seen.len());
+    assert!(one_copy_sets > 20, "{one_copy_sets}");
+}
