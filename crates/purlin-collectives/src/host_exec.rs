@@ -268,13 +268,13 @@ impl HostWorld {
         if plan.blocks.is_empty() {
             return Ok(vec![]); // an empty call: nothing moves, nothing advances (on every rank)
         }
-        let (check, results): (Result<(), Error>, Vec<Result<Vec<TraceEntry>, Error>>) = std::thread::scope(|scope| {
+        let (check, results) = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..plan.blocks.len())
                 .map(|b| scope.spawn(move || BlockRun { world: self, plan, rank, block: b, buffers, trace }.run()))
                 .collect();
             // The device launch's extra block, here on the calling thread.
             let check = self.check_call(plan);
-            let results = handles
+            let results: Vec<Result<Vec<TraceEntry>, Error>> = handles
                 .into_iter()
                 .map(|h| h.join().unwrap_or_else(|_| Err(Error::Poisoned("a host executor thread panicked".into()))))
                 .collect();
