@@ -49,9 +49,10 @@ struct Runtime {
   u64 trace_capacity;
   u64 peer_output[kMaxWorld];  // every rank's registered output, as mapped here (one-copy plans)
   u64 peer_input[kMaxWorld];   // every rank's registered input, as mapped here (one-copy plans)
+  u64 call_number;             // this rank's count of launched calls, this one included (the call check)
 };
-// ExecRuntime's size (kernels.rs EXEC_RUNTIME_BYTES): 2 + 5 * 16 + 6 words.
-static_assert(sizeof(Runtime) == 8 * (2 + 5 * kMaxWorld + 6), "Runtime must match ExecRuntime");
+// ExecRuntime's size (kernels.rs EXEC_RUNTIME_BYTES): 2 + 5 * 16 + 7 words.
+static_assert(sizeof(Runtime) == 8 * (2 + 5 * kMaxWorld + 7), "Runtime must match ExecRuntime");
 
 template <u32 WORDS>
 struct ParamBlock {
@@ -118,10 +119,10 @@ __device__ __forceinline__ u32 space_rank(const u64* r) { return (u32)(r[0] & 0x
 // up to 0.16 (round 107). A kind past kPeerInput reads as a window, as the switch's default did.
 __device__ __forceinline__ u32 runtime_base_word(u32 kind, u32 rank) {
   // Runtime's layout in words (NVRTC has no offsetof): input, output, staging[16], window[16],
-  // flags[16], six single words, peer_output[16], peer_input[16].
+  // flags[16], six single words, peer_output[16], peer_input[16], call_number.
   constexpr u64 kStagingWord = 2, kWindowWord = kStagingWord + kMaxWorld;
   constexpr u64 kPeerOutputWord = kWindowWord + 2 * kMaxWorld + 6, kPeerInputWord = kPeerOutputWord + kMaxWorld;
-  static_assert(kPeerInputWord + kMaxWorld == sizeof(Runtime) / sizeof(u64), "Runtime's layout changed");
+  static_assert(kPeerInputWord + kMaxWorld + 1 == sizeof(Runtime) / sizeof(u64), "Runtime's layout changed");
   constexpr u64 kFirstWord = 0ull | 1ull << 8 | kStagingWord << 16 | kWindowWord << 24 | kPeerOutputWord << 32 |
                              kPeerInputWord << 40;
   const u32 k = kind > kPeerInput ? (u32)kWindow : kind;
@@ -389,20 +390,22 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
 
 // ------------------------------------------------------------------ the call check
 
-// A rank's call words end where its flag words begin (workspace.rs: CALL_WORDS,
-// CALL_SEQ_WORD): word p holds rank p's word for its latest call, kCallSeqWord this rank's
-// count of calls.
+// A rank's call words end where its flag words begin (workspace.rs CALL_WORDS): word p holds
+// rank p's word for its latest call.
 constexpr u64 kCallWords = 32;
-constexpr u64 kCallSeqWord = kMaxWorld;
-static_assert(kCallSeqWord < kCallWords, "the call count lies among the call words");
+static_assert(kMaxWorld <= kCallWords, "a call word per rank");
 
 __device__ __forceinline__ u64* call_words(const Runtime* rt, u64 rank) {
   return (u64*)rt->flags[rank % kMaxWorld] - kCallWords;
 }
 
 // The call check, run by one block past the plan's grid (the launch adds it): every rank
-// numbers its calls, stores `number << 32 | digest` (ParamHeader::call_digest) into each
-// peer's call words and compares each peer's word of the same number with its own. Ranks
+// numbers its calls (Runtime::call_number, from the host: a count in device memory would put
+// a dependent load before the stores, measured at +0.1-0.3 us on small graph calls, round
+// 145), stores `number << 32 | digest` (ParamHeader::call_digest) into each peer's call words
+// and compares each peer's word of the same number with its own. A captured graph replays
+// its calls' numbers; they stay unique per call site, so a replay compares a peer's word of
+// the same site (or, stale from an earlier replay, of the same digest: no false mismatch). Ranks
 // that make different calls (another size, type or operation, another collective, a one-copy
 // buffer against a plain one) then both fail with a mismatch, where one would finish on the
 // other's bytes and the other wait for the device timeout. The block takes no part in the
@@ -416,9 +419,7 @@ __device__ __forceinline__ void run_call_check(const ParamHeader* h, const Runti
   if (purlin::sync::poisoned(control) || h->magic != kParamMagic || h->version != kParamVersion) return;
   const u64 rank = h->rank, world = h->world;
   u64* mine = call_words(rt, rank);
-  // Only this rank's check blocks write the count, one call after another in stream order.
-  const u64 number = (mine[kCallSeqWord] + 1) & 0xffffffffull;
-  mine[kCallSeqWord] = number;
+  const u64 number = rt->call_number & 0xffffffffull;
   const u64 word = number << 32 | (h->call_digest & 0xffffffffull);
   for (u64 p = 0; p < world; ++p) {
     if (p != rank) purlin::sync::st_relaxed_sys(call_words(rt, p) + rank, word);

@@ -381,6 +381,8 @@ pub struct Comm {
     plans: Mutex<HashMap<PlanKey, Arc<PreparedPlan>>>,
     pub(crate) poison: Mutex<Option<String>>,
     next_flag_slot: Mutex<Vec<usize>>,
+    /// Executor launches so far (the call check's numbers, `next_call_number`).
+    calls_launched: AtomicU64,
     /// Symmetric buffers, in allocation order (the same on every rank).
     symmetric: Mutex<Vec<SymmetricRecord>>,
     owner: Owner,
@@ -635,6 +637,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         plans: Mutex::new(HashMap::new()),
         poison: Mutex::new(None),
         next_flag_slot: Mutex::new(vec![0; world]),
+        calls_launched: AtomicU64::new(0),
         symmetric: Mutex::new(vec![]),
         owner,
     };
@@ -1492,6 +1495,12 @@ impl Comm {
         Ok(prepared)
     }
 
+    /// The call check's number for the next launch (`Runtime::call_number`): every rank
+    /// counts its launches, so ranks that make the same calls number them alike.
+    pub(crate) fn next_call_number(&self) -> u64 {
+        self.calls_launched.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     /// The pointers of one call.
     pub(crate) fn runtime(&self, input: u64, output: u64) -> ExecRuntime {
         let mut rt = ExecRuntime {
@@ -1526,6 +1535,9 @@ impl Comm {
         }
         let mut rt = self.runtime(input, output);
         peers.fill(&mut rt);
+        if prepared.plan.grid() > 0 {
+            rt.call_number = self.next_call_number(); // an empty call launches nothing, on every rank
+        }
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
         // offsets, checked by `collective_in_place`; 0 for a side of no bytes, which no step

@@ -234,6 +234,7 @@ impl Comm {
             }
             let mut rt = self.runtime(in_ptr, out_ptr);
             peers.fill(&mut rt);
+            rt.call_number = self.next_call_number();
             rt.trace = trace_ptr;
             rt.trace_capacity = capacity as u64;
             // SAFETY: `in_ptr`/`out_ptr` come from cudarc buffers on this GPU holding at least

@@ -59,6 +59,9 @@ pub struct ExecRuntime {
     pub peer_output: [u64; MAX_WORLD],
     /// Every rank's registered input as mapped here (one-copy plans; own rank: `input`).
     pub peer_input: [u64; MAX_WORLD],
+    /// This rank's count of launched calls, this one included: the call check's number
+    /// (kernels/snac/exec.cuh `run_call_check`).
+    pub call_number: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<ExecRuntime>() == EXEC_RUNTIME_BYTES);

@@ -24,7 +24,7 @@ use purlin_snac::{
 };
 
 use crate::error::Error;
-use crate::workspace::{CALL_SEQ_WORD, CALL_WORDS};
+use crate::workspace::CALL_WORDS;
 
 /// A call in a few words, for errors: `AllReduce of 1000 × F32 (Sum)`.
 pub(crate) fn describe(spec: &purlin_snac::CollectiveSpec) -> String {
@@ -93,6 +93,8 @@ struct RankMemory {
     epochs: Box<[AtomicU64]>,
     /// The call check's words (the device workspace's `calls`, [`CALL_WORDS`]).
     calls: Box<[AtomicU64]>,
+    /// This rank's count of calls (the device's comes from the host, `Runtime::call_number`).
+    call_count: AtomicU64,
 }
 
 /// The memory of every rank of a host world, and what its waits block on.
@@ -175,6 +177,7 @@ impl HostWorld {
                 counters: atomics(config.counter_words),
                 epochs: atomics(config.epoch_words),
                 calls: atomics(CALL_WORDS),
+                call_count: AtomicU64::new(0),
             })
             .collect();
         Self {
@@ -296,9 +299,7 @@ impl HostWorld {
     fn check_call(&self, plan: &Plan) -> Result<(), Error> {
         let rank = plan.rank as usize;
         let mine = &self.ranks[rank].calls;
-        // Only this rank's calls write the count, one call after another.
-        let number = (mine[CALL_SEQ_WORD].load(Ordering::Relaxed) + 1) & 0xffff_ffff;
-        mine[CALL_SEQ_WORD].store(number, Ordering::Relaxed);
+        let number = (self.ranks[rank].call_count.fetch_add(1, Ordering::Relaxed) + 1) & 0xffff_ffff;
         let digest = plan.call_digest();
         let word = number << 32 | u64::from(digest);
         for (_, peer) in self.ranks.iter().enumerate().filter(|(p, _)| *p != rank) {

@@ -33,11 +33,8 @@ pub const FLAG_STRIDE: usize = 128;
 pub const FLAG_SLOTS: usize = 16;
 
 /// Words of the call-check region (`kCallWords` in kernels/snac/exec.cuh): word `p` holds
-/// rank `p`'s word for its latest call (`sequence << 32 | call digest`), word
-/// [`CALL_SEQ_WORD`] this rank's own call sequence number; the rest is spare.
+/// rank `p`'s word for its latest call (`number << 32 | call digest`); the rest is spare.
 pub const CALL_WORDS: usize = 32;
-/// The call-check word that counts this rank's calls (`kCallSeqWord`).
-pub const CALL_SEQ_WORD: usize = purlin_topo::MAX_WORLD;
 
 /// Physical bytes of the packet window per payload byte: both packet formats (4 + 4 and
 /// 8 + 8 bytes) carry as many flag bytes as payload bytes.
@@ -593,7 +590,7 @@ mod tests {
                 assert_eq!(r.offset % REGION_ALIGN, if r.name == "flags" { l.calls.bytes } else { 0 }, "{r:?}");
             }
             assert_eq!(l.calls.offset + l.calls.bytes, l.flags.offset, "the executors find the calls before the flags");
-            assert!(CALL_SEQ_WORD < CALL_WORDS && world <= CALL_SEQ_WORD);
+            assert!(world <= CALL_WORDS);
             assert_eq!(l.total_bytes % REGION_ALIGN, 0);
             assert!(l.total_bytes < 74 << 20, "default workspace too big at world {world}: {}", l.total_bytes);
             assert!(l.flag_offset(world - 1, FLAG_SLOTS - 1) + 8 <= l.setup_flags.offset + l.setup_flags.bytes);
