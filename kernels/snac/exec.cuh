@@ -49,7 +49,7 @@ struct Runtime {
   u64 trace_capacity;
   u64 peer_output[kMaxWorld];  // every rank's registered output, as mapped here (one-copy plans)
   u64 peer_input[kMaxWorld];   // every rank's registered input, as mapped here (one-copy plans)
-  u64 call_number;             // this rank's count of launched calls, this one included (the call check)
+  u64 call_number;             // this rank's count of launched calls, this one included (the call check; 0: off)
 };
 // ExecRuntime's size (kernels.rs EXEC_RUNTIME_BYTES): 2 + 5 * 16 + 7 words.
 static_assert(sizeof(Runtime) == 8 * (2 + 5 * kMaxWorld + 7), "Runtime must match ExecRuntime");
@@ -448,9 +448,12 @@ __device__ __forceinline__ void run_call_check(const ParamHeader* h, const Runti
   }
 }
 
-// Whether this block is the call check's: the last, one past the plan's grid (the launch adds
-// it; deciding by the grid alone keeps a header load off every block's entry).
-__device__ __forceinline__ bool call_check_block() { return blockIdx.x + 1 == gridDim.x; }
+// Whether this block is the call check's: the last, one past the plan's grid, which the launch
+// adds where the check is on (a nonzero number). Decided from the by-value Runtime and the
+// grid, so no block's entry waits on a header load.
+__device__ __forceinline__ bool call_check_block(const Runtime& rt) {
+  return rt.call_number != 0 && blockIdx.x + 1 == gridDim.x;
+}
 
 }  // namespace snac
 }  // namespace purlin
@@ -470,7 +473,7 @@ __device__ __forceinline__ bool call_check_block() { return blockIdx.x + 1 == gr
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
       NAME(const __grid_constant__ purlin::snac::Runtime rt,                                           \
            const __grid_constant__ purlin::snac::ParamBlock<PURLIN_PARAM_WORDS> params) {              \
-    if (purlin::snac::call_check_block()) {                                                            \
+    if (purlin::snac::call_check_block(rt)) {                                                          \
       purlin::snac::run_call_check((const purlin::snac::ParamHeader*)params.w, &rt);                   \
       return;                                                                                          \
     }                                                                                                  \
@@ -479,7 +482,7 @@ __device__ __forceinline__ bool call_check_block() { return blockIdx.x + 1 == gr
   extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)                                 \
       NAME##_global(const __grid_constant__ purlin::snac::Runtime rt,                                  \
                     const purlin::snac::u64* __restrict__ words) {                                     \
-    if (purlin::snac::call_check_block()) {                                                            \
+    if (purlin::snac::call_check_block(rt)) {                                                          \
       purlin::snac::run_call_check((const purlin::snac::ParamHeader*)words, &rt);                      \
       return;                                                                                          \
     }                                                                                                  \

@@ -73,6 +73,12 @@ pub struct CommConfig {
     /// because a key's first verification takes milliseconds at world 2 but seconds to
     /// minutes at worlds 4 and 8 ([`crate::verification`]).
     pub verify: Option<purlin_snac::verify::Options>,
+    /// The call check (on by default; `PURLIN_CALL_CHECK=0` turns it off): every launch has
+    /// one more block that compares a digest of the call with the peers', so ranks that make
+    /// different calls all get [`Error::Mismatch`] instead of one finishing on the other's
+    /// bytes and the other waiting out the device timeout (ARCHITECTURE.md). It costs small
+    /// CUDA-graph calls 0.05-0.3 µs (round 145, PERFORMANCE.md). Every rank must agree.
+    pub call_check: bool,
 }
 
 /// A kernel the communicator compiles, loads and bounds at set-up (see [`CommConfig::kernels`]).
@@ -121,6 +127,7 @@ impl Default for CommConfig {
             tuning: Tuning::default(),
             shared_gpu: false,
             verify: None,
+            call_check: true,
         }
     }
 }
@@ -142,12 +149,14 @@ impl CommConfig {
     }
 
     /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional),
-    /// `PURLIN_SHARED_GPU` (`1` or `0`), `PURLIN_VERIFY` (`1` or `0`, with
+    /// `PURLIN_SHARED_GPU` (`1` or `0`), `PURLIN_CALL_CHECK` (`0` or `1`), `PURLIN_VERIFY` (`1` or `0`, with
     /// `PURLIN_VERIFY_STATES` and `PURLIN_VERIFY_SCHEDULES`) and the workspace and tuning
     /// variables ([`WorkspaceConfig::from_env`], [`Tuning::from_env`]).
     pub fn from_env() -> Result<Self, Error> {
         let mut c = Self { workspace: WorkspaceConfig::from_env()?, tuning: Tuning::from_env()?, ..Self::default() };
         c.shared_gpu = Self::shared_gpu_from_env()?;
+        // On unless set to 0.
+        c.call_check = std::env::var_os("PURLIN_CALL_CHECK").is_none() || switch_from_env("PURLIN_CALL_CHECK")?;
         if switch_from_env("PURLIN_VERIFY")? {
             c.verify = Some(crate::verification::budget_from_env(crate::verification::default_budget())?);
         }
@@ -383,6 +392,8 @@ pub struct Comm {
     next_flag_slot: Mutex<Vec<usize>>,
     /// Executor launches so far (the call check's numbers, `next_call_number`).
     calls_launched: AtomicU64,
+    /// [`CommConfig::call_check`].
+    call_check: bool,
     /// Symmetric buffers, in allocation order (the same on every rank).
     symmetric: Mutex<Vec<SymmetricRecord>>,
     owner: Owner,
@@ -542,10 +553,14 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
 
     // Ranks plan each call on their own, so they must plan alike: a writer and a reader with
     // different chunks, block counts or regimes would wait out the device timeout.
-    let tuning = format!("{:?}", config.tuning);
+    let tuning = format!("{:?}, call check {}", config.tuning, config.call_check);
     let tunings = host.all_gather(tuning.as_bytes(), "set-up: tuning")?;
     if let Some(peer) = tunings.iter().position(|t| *t != tuning.as_bytes()) {
-        return Err(Error::Mismatch { rank, peer, what: "the tuning (CommConfig::tuning, PURLIN_* variables)".into() });
+        return Err(Error::Mismatch {
+            rank,
+            peer,
+            what: "the tuning (CommConfig::tuning and call_check, PURLIN_* variables)".into(),
+        });
     }
 
     // Kernels are compiled before the final barrier, so a peer compiling for seconds is
@@ -638,6 +653,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
         poison: Mutex::new(None),
         next_flag_slot: Mutex::new(vec![0; world]),
         calls_launched: AtomicU64::new(0),
+        call_check: config.call_check,
         symmetric: Mutex::new(vec![]),
         owner,
     };
@@ -1496,9 +1512,13 @@ impl Comm {
     }
 
     /// The call check's number for the next launch (`Runtime::call_number`): every rank
-    /// counts its launches, so ranks that make the same calls number them alike.
+    /// counts its launches, so ranks that make the same calls number them alike; 0 (no
+    /// check block) where the check is off.
     pub(crate) fn next_call_number(&self) -> u64 {
-        self.calls_launched.fetch_add(1, Ordering::Relaxed) + 1
+        if !self.call_check {
+            return 0;
+        }
+        (self.calls_launched.fetch_add(1, Ordering::Relaxed) % u64::from(u32::MAX)) + 1
     }
 
     /// The pointers of one call.

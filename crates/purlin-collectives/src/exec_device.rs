@@ -59,8 +59,8 @@ pub struct ExecRuntime {
     pub peer_output: [u64; MAX_WORLD],
     /// Every rank's registered input as mapped here (one-copy plans; own rank: `input`).
     pub peer_input: [u64; MAX_WORLD],
-    /// This rank's count of launched calls, this one included: the call check's number
-    /// (kernels/snac/exec.cuh `run_call_check`).
+    /// This rank's count of launched calls, this one included, below 2^32: the call check's
+    /// number (kernels/snac/exec.cuh `run_call_check`); 0: no check, no check block.
     pub call_number: u64,
 }
 
@@ -401,9 +401,13 @@ impl DeviceExecutor {
             Some(shaped) if params.shaped => (&shaped.entries, 0),
             _ => (self.interpreter(&key)?, self.atom.smem_bytes()),
         };
-        // One block past the plan's runs the call check (kernels/snac/exec.cuh).
-        let cfg =
-            LaunchConfig { grid_dim: (grid + 1, 1, 1), block_dim: (self.atom.threads(), 1, 1), shared_mem_bytes: smem };
+        // One block past the plan's runs the call check where it is on (a nonzero number,
+        // kernels/snac/exec.cuh).
+        let cfg = LaunchConfig {
+            grid_dim: (grid + u32::from(rt.call_number != 0), 1, 1),
+            block_dim: (self.atom.threads(), 1, 1),
+            shared_mem_bytes: smem,
+        };
         let uploaded = if params.eager_from_device { self.uploaded(stream, params)? } else { None };
         let mut launch = match &uploaded {
             Some(words) => {
