@@ -670,12 +670,11 @@ pub(crate) fn call_mismatch(rank: usize, control: &[u64; 8]) -> Option<Error> {
         rank,
         peer,
         what: format!(
-            "their calls differ (call {}: digest {:#010x} here, {:#010x} on rank {peer}); every rank must make \
-             the same collective calls in the same order, with the same counts, element type and operation, \
-             and all on symmetric buffers or none",
+            "their calls differ (call {}: digest {:#010x} here, {:#010x} on rank {peer}); {}",
             control[6] >> 32,
             control[6] as u32,
             control[7] as u32,
+            crate::error::SAME_CALLS,
         ),
     })
 }

@@ -137,6 +137,10 @@ impl Error {
     }
 }
 
+/// What a call-check mismatch asks of the caller (both executors' `Error::Mismatch`).
+pub(crate) const SAME_CALLS: &str = "every rank must make the same collective calls in the same order, with the same \
+     counts, element type and operation, and all on symmetric buffers or none";
+
 /// Maps a cudarc driver error, naming the call.
 pub(crate) fn driver(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
     move |error| Error::Driver { call, error }

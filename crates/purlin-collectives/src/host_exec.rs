@@ -23,7 +23,7 @@ use purlin_snac::{
     Advance, EpochVal, Len, Notify, NotifyKind, Offset, PacketFormat, Plan, ReduceOp, Region, Space, Step,
 };
 
-use crate::error::Error;
+use crate::error::{Error, SAME_CALLS};
 use crate::workspace::CALL_WORDS;
 
 /// A call in a few words, for errors: `AllReduce of 1000 × F32 (Sum)`.
@@ -302,8 +302,9 @@ impl HostWorld {
         let number = (self.ranks[rank].call_count.fetch_add(1, Ordering::Relaxed) + 1) & 0xffff_ffff;
         let digest = plan.call_digest();
         let word = number << 32 | u64::from(digest);
-        for (_, peer) in self.ranks.iter().enumerate().filter(|(p, _)| *p != rank) {
-            peer.calls[rank].store(word, Ordering::Release);
+        let peers = || (0..self.ranks.len()).filter(move |&p| p != rank);
+        for p in peers() {
+            self.ranks[p].calls[rank].store(word, Ordering::Release);
         }
         self.notify_all();
         let deadline = Instant::now() + self.timeout;
@@ -316,14 +317,12 @@ impl HostWorld {
                 peer: p,
                 what: format!(
                     "their calls differ (call {number}: this rank's {} has digest {digest:#010x}, rank {p}'s call \
-                     {:#010x}); every rank must make the same collective calls in the same order, with the same \
-                     counts, element type and operation, and all on symmetric buffers or none",
+                     {:#010x}); {SAME_CALLS}",
                     describe(&plan.spec),
                     theirs as u32
                 ),
             })
         };
-        let peers = || (0..self.ranks.len()).filter(move |&p| p != rank);
         for p in peers() {
             match self.wait_until(deadline, || ahead(mine[p].load(Ordering::Acquire)) >= 0) {
                 Ok(()) => {
