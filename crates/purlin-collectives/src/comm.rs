@@ -76,8 +76,9 @@ pub struct CommConfig {
     /// The call check (on by default; `PURLIN_CALL_CHECK=0` turns it off): every launch has
     /// one more block that compares a digest of the call with the peers', so ranks that make
     /// different calls all get [`Error::Mismatch`] instead of one finishing on the other's
-    /// bytes and the other waiting out the device timeout (ARCHITECTURE.md). It costs small
-    /// CUDA-graph calls 0.05-0.3 µs (round 145, PERFORMANCE.md). Every rank must agree.
+    /// bytes and the other waiting out the device timeout (ARCHITECTURE.md). It cost CUDA-graph
+    /// calls of 8 B-256 KiB 0.05-0.35 µs on one shared H100 (round 145, PERFORMANCE.md).
+    /// Every rank must agree.
     pub call_check: bool,
 }
 
@@ -149,8 +150,8 @@ impl CommConfig {
     }
 
     /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional),
-    /// `PURLIN_SHARED_GPU` (`1` or `0`), `PURLIN_CALL_CHECK` (`0` or `1`), `PURLIN_VERIFY` (`1` or `0`, with
-    /// `PURLIN_VERIFY_STATES` and `PURLIN_VERIFY_SCHEDULES`) and the workspace and tuning
+    /// `PURLIN_SHARED_GPU` (`1` or `0`), `PURLIN_CALL_CHECK` (`0` or `1`), `PURLIN_VERIFY`
+    /// (`1` or `0`, with `PURLIN_VERIFY_STATES` and `PURLIN_VERIFY_SCHEDULES`) and the workspace and tuning
     /// variables ([`WorkspaceConfig::from_env`], [`Tuning::from_env`]).
     pub fn from_env() -> Result<Self, Error> {
         let mut c = Self { workspace: WorkspaceConfig::from_env()?, tuning: Tuning::from_env()?, ..Self::default() };
@@ -382,7 +383,8 @@ pub struct Comm {
     kernels: Vec<LoadedKernel>,
     pub(crate) exec: DeviceExecutor,
     /// The most blocks an executor plan may have: the executor kernels' co-residency bound,
-    /// agreed across ranks, less the call check's block that every launch adds.
+    /// agreed across ranks, less the call check's block (kept with the check off too, so
+    /// plans do not depend on it).
     pub(crate) exec_bound: u32,
     tuning: Tuning,
     verify: Option<purlin_snac::verify::Options>,
