@@ -27,7 +27,7 @@ use crate::error::{Error, SAME_CALLS};
 use crate::workspace::CALL_WORDS;
 
 /// A call in a few words, for errors: `AllReduce of 1000 × F32 (Sum)`.
-pub(crate) fn describe(spec: &purlin_snac::CollectiveSpec) -> String {
+fn describe(spec: &purlin_snac::CollectiveSpec) -> String {
     let counts = match &spec.counts {
         purlin_snac::Counts::Uniform(n) => format!("{n}"),
         purlin_snac::Counts::PerRank(c) => format!("{c:?}"),
