@@ -666,7 +666,7 @@ fn setup(stream: Arc<CudaStream>, host: HostComm, config: &CommConfig, backend: 
 /// The error of a call whose ranks' digests differ, from this rank's control words (poison
 /// code 2, written by the call check in kernels/snac/exec.cuh: word 1 the peer + 1, words 6
 /// and 7 this rank's and the peer's `number << 32 | digest`); `None` for any other state.
-pub(crate) fn call_mismatch(rank: usize, control: &[u64; 8]) -> Option<Error> {
+fn call_mismatch(rank: usize, control: &[u64; 8]) -> Option<Error> {
     let peer = control[1].checked_sub(1)? as usize;
     (control[0] == 2).then(|| Error::Mismatch {
         rank,
