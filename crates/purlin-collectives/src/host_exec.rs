@@ -283,13 +283,21 @@ impl HostWorld {
                 .collect();
             (check, results)
         });
-        // A mismatch is the cause of whatever the blocks then saw (the poison it set).
-        check?;
+        // The cause wins over its echoes: the check's mismatch (or timeout) first, then any
+        // block's own failure; `Poisoned` only when nothing on this rank says more, since a
+        // block's timeout may poison the world before the check's wait notices it.
+        let mut echo = None;
         let mut entries = Vec::new();
-        for r in results {
-            entries.extend(r?);
+        for r in std::iter::once(check.map(|()| Vec::new())).chain(results) {
+            match r {
+                Ok(e) => entries.extend(e),
+                Err(e @ Error::Poisoned(_)) => {
+                    echo.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(entries)
+        echo.map_or(Ok(entries), Err)
     }
 
     /// The call check (kernels/snac/exec.cuh `run_call_check`, the same words and rules):
