@@ -44,8 +44,8 @@ pub struct CommConfig {
     /// The call check (on by default; `PURLIN_CALL_CHECK=0` turns it off): every launch has
     /// one more block that compares a digest of the call with the peers', so ranks that make
     /// different calls all get [`Error::Mismatch`] instead of one finishing on the other's
-    /// bytes and the other waiting out the device timeout (ARCHITECTURE.md). It cost CUDA-graph
-    /// calls of 8 B-256 KiB 0.05-0.35 µs on one shared H100 (round 145, PERFORMANCE.md).
+    /// bytes and the other waiting out the device timeout (ARCHITECTURE.md). Its block cost a
+    /// small CUDA-graph call ≈ 0.03 µs on one shared H100 (round 146, PERFORMANCE.md).
     /// Every rank must agree.
     pub call_check: bool,
 }
