@@ -467,6 +467,7 @@ fn static_checks(calls: &[Vec<Plan>], opts: &Options) -> Result<(), Violation> {
     Ok(())
 }
 
+/// Why an exploration ended early: a violation, or the state or schedule budget spent.
 enum Stop {
     Violation(Violation),
     Budget,
@@ -480,7 +481,7 @@ impl From<Violation> for Stop {
 
 /// Per-process position and registers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-struct Ps {
+struct ProcessState {
     /// 0 not launched, 1 running, 2 done.
     st: u8,
     top: u32,
@@ -490,6 +491,8 @@ struct Ps {
     agreed: u64,
 }
 
+/// A handshake word (`(rank, address)` in [`State::hs`]): its value and flag, the vector clock
+/// of its last store, and the accesses the race check compares later ones with.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Cell {
     value: u64,
@@ -499,16 +502,19 @@ struct Cell {
     readers: Vec<Access>,
 }
 
-type Vc = Rc<Vec<u32>>;
+/// A vector clock, one entry per process; shared until a join changes it.
+type VectorClock = Rc<Vec<u32>>;
 
+/// One state of the model: every process's position, the ranks' synchronization words and
+/// memory with their vector clocks, and each call's progress.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct St {
-    ps: Vec<Ps>,
-    vc: Vec<Vc>,
+struct State {
+    ps: Vec<ProcessState>,
+    vc: Vec<VectorClock>,
     /// `[rank]`, word → the stores in modification order (sparse: plans place their flags in
     /// per-writer segments of a large flag area).
-    flags: Vec<BTreeMap<u32, Vec<(u64, Vc)>>>,
-    ctrs: Vec<Vec<(u64, Vc)>>,
+    flags: Vec<BTreeMap<u32, Vec<(u64, VectorClock)>>>,
+    ctrs: Vec<Vec<(u64, VectorClock)>>,
     epochs: Vec<Vec<u64>>,
     /// `[rank][space]`: 0 input, 1 output, 2 staging, 3 window.
     mem: Vec<[IMap; 4]>,
@@ -517,7 +523,7 @@ struct St {
     cur: Vec<u32>,
     /// Per call: the epoch every rank must end at.
     adv: Vec<Option<u64>>,
-    exits: Vec<Option<Vc>>,
+    exits: Vec<Option<VectorClock>>,
     /// Which blocked processes cannot have become enabled (not part of the state).
     wake: Wake,
 }
@@ -573,18 +579,18 @@ impl Hash for Wake {
     fn hash<H: Hasher>(&self, _: &mut H) {}
 }
 
-impl St {
+impl State {
     fn fingerprint(&self) -> (u64, u64) {
-        let mut h = Fp(0x243f_6a88_85a3_08d3, 0x1319_8a2e_0370_7344);
+        let mut h = FingerprintHasher(0x243f_6a88_85a3_08d3, 0x1319_8a2e_0370_7344);
         self.hash(&mut h);
         (h.0, h.1)
     }
 }
 
 /// A fast two-lane 128-bit hasher for state fingerprints.
-struct Fp(u64, u64);
+struct FingerprintHasher(u64, u64);
 
-impl Hasher for Fp {
+impl Hasher for FingerprintHasher {
     fn finish(&self) -> u64 {
         self.0 ^ self.1
     }
@@ -612,13 +618,13 @@ impl Hasher for Fp {
 
 /// A transition that must be explored in every order (not taken eagerly).
 #[derive(Debug, Clone, Copy)]
-struct Tr {
+struct Transition {
     pid: usize,
 }
 
 /// One access of a synchronization step, for the independence check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Obj {
+enum SyncAccess {
     /// An arrival on counter `(rank, index)` at chunk `c` ([`WILD`]: any chunk), with a digest
     /// of the notifications it would issue as the last arrival.
     Counter(usize, u32, u64, u64),
@@ -632,20 +638,20 @@ enum Obj {
 /// A chunk index standing for "any chunk".
 const WILD: u64 = u64::MAX;
 
-impl Obj {
+impl SyncAccess {
     /// Whether two accesses (one of them a write) do not commute.
-    fn overlaps(&self, o: &Obj) -> bool {
+    fn overlaps(&self, o: &SyncAccess) -> bool {
         match (self, o) {
             // Arrivals of the same round commute (see the model of `Arrive`).
-            (Obj::Counter(a, i, c, x), Obj::Counter(b, j, d, y)) => {
+            (SyncAccess::Counter(a, i, c, x), SyncAccess::Counter(b, j, d, y)) => {
                 a == b && i == j && (c != d || *c == WILD || x != y)
             }
             // The last arrival's stores are the same whichever arrival is last.
-            (Obj::Flag(a, i, x), Obj::Flag(b, j, y)) => {
+            (SyncAccess::Flag(a, i, x), SyncAccess::Flag(b, j, y)) => {
                 a == b && i == j && !(x.is_some() && x == y && x.is_some_and(|x| x.2 != WILD))
             }
-            (Obj::Cell(a, i), Obj::Cell(b, j)) => a == b && i == j,
-            (Obj::Window(a, x0, x1), Obj::Window(b, y0, y1)) => a == b && x0 < y1 && y0 < x1,
+            (SyncAccess::Cell(a, i), SyncAccess::Cell(b, j)) => a == b && i == j,
+            (SyncAccess::Window(a, x0, x1), SyncAccess::Window(b, y0, y1)) => a == b && x0 < y1 && y0 < x1,
             _ => false,
         }
     }
@@ -656,15 +662,15 @@ type Pos = (u32, u64, u32);
 
 /// What a step waits for before it can run (for the reach analysis of [`Model::independent`]).
 #[derive(Debug, Clone)]
-enum Blk {
+enum WaitsFor {
     Wait { idx: u32, val: EpochVal, c: u64 },
     Packets { locs: Vec<(usize, usize, u64, u64)>, val: EpochVal, c: u64 },
-    Hs { key: (u32, u64), val: EpochVal },
+    Handshake { key: (u32, u64), val: EpochVal },
 }
 
 /// A store a step makes that can unblock another process.
 #[derive(Debug, Clone)]
-enum Sto {
+enum WakingStore {
     Flag {
         rank: usize,
         idx: u32,
@@ -684,18 +690,18 @@ enum Sto {
         a: u64,
         b: u64,
     },
-    Hs {
+    Handshake {
         key: (u32, u64),
     },
 }
 
 /// One step instance of a flattened program (guards applied, loops unrolled).
 #[derive(Debug, Clone)]
-struct Inst {
+struct StepInstance {
     pos: Pos,
-    foot: Vec<(Obj, bool)>,
-    blk: Option<Blk>,
-    sto: Vec<Sto>,
+    foot: Vec<(SyncAccess, bool)>,
+    blk: Option<WaitsFor>,
+    sto: Vec<WakingStore>,
 }
 
 /// Programs longer than this (in step instances) are not flattened; the independence check
@@ -761,7 +767,7 @@ struct Model<'a> {
     calls: &'a [Vec<Plan>],
     /// Per process: every synchronization access it can make, `(object, is_write, last
     /// position at which it can happen)`.
-    foot: Vec<Vec<(Obj, bool, Pos)>>,
+    foot: Vec<Vec<(SyncAccess, bool, Pos)>>,
     world: usize,
     /// `base[k][r]`: pid of block 0 of call `k` on rank `r`.
     base: Vec<Vec<usize>>,
@@ -771,13 +777,13 @@ struct Model<'a> {
     maxoff: Vec<Vec<i128>>,
     sense: Vec<u64>,
     /// Per process: its flattened program, when short enough.
-    prog: Option<Vec<Vec<Inst>>>,
+    prog: Option<Vec<Vec<StepInstance>>>,
     /// `[call][rank]`: output bytes the semantic check skips (written only in chunks the
     /// twin drops).
     skip: Vec<Vec<Vec<(u64, u64)>>>,
 }
 
-fn join(a: &mut Vc, b: &[u32]) {
+fn join(a: &mut VectorClock, b: &[u32]) {
     if a.iter().zip(b).any(|(x, y)| y > x) {
         let a = Rc::make_mut(a);
         for (x, y) in a.iter_mut().zip(b) {
@@ -816,7 +822,7 @@ impl<'a> Model<'a> {
     }
 
     /// Process `pid`'s program as step instances in execution order, `None` if too long.
-    fn flatten(&self, pid: usize) -> Option<Vec<Inst>> {
+    fn flatten(&self, pid: usize) -> Option<Vec<StepInstance>> {
         let (k, r, b) = self.who[pid];
         let e = self.sense[k];
         let mut out = vec![];
@@ -844,31 +850,31 @@ impl<'a> Model<'a> {
         Some(out)
     }
 
-    fn inst(&self, pid: usize, pos: Pos, s: &Step, e: u64) -> Inst {
+    fn inst(&self, pid: usize, pos: Pos, s: &Step, e: u64) -> StepInstance {
         let c = pos.1;
         let r = self.who[pid].1;
         let wins = |srcs: &[&Region], n: u64| -> Vec<(usize, usize, u64, u64)> {
             srcs.iter().filter(|x| matches!(x.space, Space::Window(_))).map(|x| self.loc(pid, x, n, c, e)).collect()
         };
         let blk = match s {
-            Step::Wait { flag, value, .. } => Some(Blk::Wait { idx: flag.at(c), val: *value, c }),
+            Step::Wait { flag, value, .. } => Some(WaitsFor::Wait { idx: flag.at(c), val: *value, c }),
             Step::Gather { src, len, expect: Some(v), .. } => {
-                Some(Blk::Packets { locs: wins(&[src], len.at(c)), val: *v, c })
+                Some(WaitsFor::Packets { locs: wins(&[src], len.at(c)), val: *v, c })
             }
             Step::Reduce { srcs, len, expect: Some(v), .. } => {
                 let refs: Vec<&Region> = srcs.iter().collect();
-                Some(Blk::Packets { locs: wins(&refs, len.at(c)), val: *v, c })
+                Some(WaitsFor::Packets { locs: wins(&refs, len.at(c)), val: *v, c })
             }
             Step::HandshakeWait { src, expect, .. } => {
-                Some(Blk::Hs { key: (r as u32, src.at(0, e & 1)), val: *expect })
+                Some(WaitsFor::Handshake { key: (r as u32, src.at(0, e & 1)), val: *expect })
             }
             _ => None,
         };
         let sto = match s {
             Step::Signal { notify: n, .. } => {
-                vec![Sto::Flag { rank: n.peer as usize, idx: n.flag.at(c), val: n.value, c }]
+                vec![WakingStore::Flag { rank: n.peer as usize, idx: n.flag.at(c), val: n.value, c }]
             }
-            Step::Arrive { counter, arrivals, then, .. } => vec![Sto::Arrive {
+            Step::Arrive { counter, arrivals, then, .. } => vec![WakingStore::Arrive {
                 rank: r,
                 ctr: counter.at(c),
                 arrivals: *arrivals,
@@ -877,20 +883,20 @@ impl<'a> Model<'a> {
             }],
             Step::PutPackets { dst, len, .. } => {
                 let (q, _, a, b) = self.loc(pid, dst, len.at(c), c, e);
-                if a < b { vec![Sto::Put { rank: q, a, b }] } else { vec![] }
+                if a < b { vec![WakingStore::Put { rank: q, a, b }] } else { vec![] }
             }
-            Step::HandshakeSend { peer, dst, .. } => vec![Sto::Hs { key: (*peer, dst.at(0, e & 1)) }],
+            Step::HandshakeSend { peer, dst, .. } => vec![WakingStore::Handshake { key: (*peer, dst.at(0, e & 1)) }],
             _ => vec![],
         };
-        Inst { pos, foot: self.footprint_at(pid, s, c, e), blk, sto }
+        StepInstance { pos, foot: self.footprint_at(pid, s, c, e), blk, sto }
     }
 
     /// Every synchronization access process `pid` can make, over all chunks and both senses,
     /// with the last position it can happen at.
-    fn static_footprint(&self, pid: usize) -> Vec<(Obj, bool, Pos)> {
+    fn static_footprint(&self, pid: usize) -> Vec<(SyncAccess, bool, Pos)> {
         let (k, r, b) = self.who[pid];
         let p = self.plan(k, r);
-        let mut out: Vec<(Obj, bool, Pos)> = vec![];
+        let mut out: Vec<(SyncAccess, bool, Pos)> = vec![];
         let block = &p.blocks[b];
         let mut visit = |s: &Step, lo: u64, hi: u64, last: Pos| {
             if lo >= hi {
@@ -907,8 +913,8 @@ impl<'a> Model<'a> {
                     for (mut o, w) in self.footprint_at(pid, s, c, e) {
                         if wild {
                             match &mut o {
-                                Obj::Counter(_, _, c, _) => *c = WILD,
-                                Obj::Flag(_, _, Some(x)) => x.2 = WILD,
+                                SyncAccess::Counter(_, _, c, _) => *c = WILD,
+                                SyncAccess::Flag(_, _, Some(x)) => x.2 = WILD,
                                 _ => {}
                             }
                         }
@@ -939,27 +945,29 @@ impl<'a> Model<'a> {
     }
 
     /// The synchronization accesses of step `s` of process `pid` at chunk `c`, epoch `e`.
-    fn footprint_at(&self, pid: usize, s: &Step, c: u64, e: u64) -> Vec<(Obj, bool)> {
+    fn footprint_at(&self, pid: usize, s: &Step, c: u64, e: u64) -> Vec<(SyncAccess, bool)> {
         let r = self.who[pid].1;
         let win = |reg: &Region, n: u64| {
             let (q, _, a, b) = self.loc(pid, reg, n, c, e);
-            Obj::Window(q, a, b.max(a + 1))
+            SyncAccess::Window(q, a, b.max(a + 1))
         };
         match s {
             Step::Arrive { counter, then, .. } => {
                 // Arrivals of one round commute only when they would issue the same stores.
-                let mut h = Fp(1, 2);
+                let mut h = FingerprintHasher(1, 2);
                 for n in then {
                     // Blocks of one rank share the epoch (else a uniform-advance violation has
                     // already been reported), so the value is compared without it.
                     (n.kind, n.peer, n.flag.at(c), n.value.chunk_mul, n.value.add, c).hash(&mut h);
                 }
                 let ctr = (r, counter.at(c), c, h.0);
-                let mut v = vec![(Obj::Counter(r, counter.at(c), c, h.0), true)];
-                v.extend(then.iter().map(|n| (Obj::Flag(n.peer as usize, n.flag.at(c), Some(ctr)), true)));
+                let mut v = vec![(SyncAccess::Counter(r, counter.at(c), c, h.0), true)];
+                v.extend(then.iter().map(|n| (SyncAccess::Flag(n.peer as usize, n.flag.at(c), Some(ctr)), true)));
                 v
             }
-            Step::Signal { notify, .. } => vec![(Obj::Flag(notify.peer as usize, notify.flag.at(c), None), true)],
+            Step::Signal { notify, .. } => {
+                vec![(SyncAccess::Flag(notify.peer as usize, notify.flag.at(c), None), true)]
+            }
             Step::PutPackets { dst, len, .. } => vec![(win(dst, len.at(c)), true)],
             Step::Gather { src, len, expect: Some(_), .. } => vec![(win(src, len.at(c)), false)],
             Step::Reduce { srcs, len, expect: Some(_), .. } => srcs
@@ -967,8 +975,8 @@ impl<'a> Model<'a> {
                 .filter(|x| matches!(x.space, Space::Window(_)))
                 .map(|x| (win(x, len.at(c)), false))
                 .collect(),
-            Step::HandshakeSend { peer, dst, .. } => vec![(Obj::Cell(*peer as usize, dst.at(0, e & 1)), true)],
-            Step::HandshakeWait { src, .. } => vec![(Obj::Cell(r, src.at(0, e & 1)), false)],
+            Step::HandshakeSend { peer, dst, .. } => vec![(SyncAccess::Cell(*peer as usize, dst.at(0, e & 1)), true)],
+            Step::HandshakeWait { src, .. } => vec![(SyncAccess::Cell(r, src.at(0, e & 1)), false)],
             _ => vec![],
         }
     }
@@ -994,7 +1002,7 @@ impl<'a> Model<'a> {
     /// one rank in different calls never run concurrently (stream order), nor blocks two calls
     /// apart (every call ties every pair of ranks, which the all-pairs check verifies on every
     /// explored path).
-    fn independent(&self, st: &mut St, pid: usize, red: Reduction) -> bool {
+    fn independent(&self, st: &mut State, pid: usize, red: Reduction) -> bool {
         let Some((s, c)) = self.current(st, pid) else { return true };
         let e = st.ps[pid].e;
         let mine = self.footprint_at(pid, s, c, e);
@@ -1007,8 +1015,9 @@ impl<'a> Model<'a> {
             let (kq, rq, _) = self.who[q];
             q != pid && !((rq == r && kq != k) || kq.abs_diff(k) >= 2)
         };
-        let clash =
-            |foot: &[(Obj, bool)]| mine.iter().any(|(o, w)| foot.iter().any(|(x, xw)| (*w || *xw) && o.overlaps(x)));
+        let clash = |foot: &[(SyncAccess, bool)]| {
+            mine.iter().any(|(o, w)| foot.iter().any(|(x, xw)| (*w || *xw) && o.overlaps(x)))
+        };
         let prog = match (&self.prog, red) {
             (Some(p), Reduction::Reach) => p,
             _ => {
@@ -1083,23 +1092,23 @@ impl<'a> Model<'a> {
 
     /// Whether a launched process `q` (epoch `e`) may get past step `inst`: it does not wait, or
     /// what it waits for holds now or may be stored by the processes of `av`.
-    fn passable(&self, st: &St, q: usize, e: u64, inst: &Inst, av: &Avail) -> bool {
+    fn passable(&self, st: &State, q: usize, e: u64, inst: &StepInstance, av: &Avail) -> bool {
         let r = self.who[q].1;
         match &inst.blk {
             None => true,
-            Some(Blk::Wait { idx, val, c }) => {
+            Some(WaitsFor::Wait { idx, val, c }) => {
                 let v = eval(val, e, *c);
                 st.flags[r].get(idx).is_some_and(|h| h.iter().any(|(x, _)| *x >= v))
                     || av.flags.get(&(r, *idx)).is_some_and(|&x| x >= v)
             }
-            Some(Blk::Packets { locs, val, c }) => {
+            Some(WaitsFor::Packets { locs, val, c }) => {
                 let v = eval(val, e, *c);
                 locs.iter().all(|&l| {
                     Self::packets_ready(st, l, v)
                         || (l.1 == 3 && av.puts.get(&l.0).is_some_and(|s| s.overlaps(l.2, l.3)))
                 })
             }
-            Some(Blk::Hs { key, val }) => {
+            Some(WaitsFor::Handshake { key, val }) => {
                 st.hs.get(key).is_some_and(|cell| cell.flag == eval(val, e, 0)) || av.hs.contains(key)
             }
         }
@@ -1107,11 +1116,11 @@ impl<'a> Model<'a> {
 
     /// Records a store that may happen before the step under test (`e`: the storer's epoch,
     /// `None` when not yet known).
-    fn add_store(&self, st: &St, av: &mut Avail, x: &Sto, e: Option<u64>) {
+    fn add_store(&self, st: &State, av: &mut Avail, x: &WakingStore, e: Option<u64>) {
         let val = |v: &EpochVal, c: u64| e.map_or(u64::MAX, |e| eval(v, e, c));
         match x {
-            Sto::Flag { rank, idx, val: v, c } => av.flag(*rank, *idx, val(v, *c)),
-            Sto::Arrive { rank, ctr, arrivals, then, c } => {
+            WakingStore::Flag { rank, idx, val: v, c } => av.flag(*rank, *idx, val(v, *c)),
+            WakingStore::Arrive { rank, ctr, arrivals, then, c } => {
                 let (rank, key) = (*rank, (*rank, *ctr));
                 let now = st.ctrs.get(rank).and_then(|v| v.get(key.1 as usize)).map_or(0, |x| x.0);
                 let ent = av.ctrs.entry(key).or_insert((0, u32::MAX, vec![], false));
@@ -1130,8 +1139,8 @@ impl<'a> Model<'a> {
                     }
                 }
             }
-            Sto::Put { rank, a, b } => av.puts.entry(*rank).or_default().insert(*a, *b),
-            Sto::Hs { key } => {
+            WakingStore::Put { rank, a, b } => av.puts.entry(*rank).or_default().insert(*a, *b),
+            WakingStore::Handshake { key } => {
                 av.hs.insert(*key);
             }
         }
@@ -1141,7 +1150,7 @@ impl<'a> Model<'a> {
         &self.calls[k][r]
     }
 
-    fn init(&self) -> St {
+    fn init(&self) -> State {
         let w = self.world;
         let maxw = |f: &dyn Fn(&Plan) -> u64| {
             (0..w).map(|r| self.calls.iter().map(|c| f(&c[r])).max().unwrap_or(0)).collect::<Vec<_>>()
@@ -1150,9 +1159,9 @@ impl<'a> Model<'a> {
         let eps = maxw(&|p| p.resources.epoch_words as u64);
         let stg = maxw(&|p| p.resources.staging_bytes);
         let win = maxw(&|p| p.resources.window_bytes);
-        let zero: Vc = Rc::new(vec![0; self.nclock]);
-        let mut st = St {
-            ps: vec![Ps::default(); self.who.len()],
+        let zero: VectorClock = Rc::new(vec![0; self.nclock]);
+        let mut st = State {
+            ps: vec![ProcessState::default(); self.who.len()],
             vc: vec![zero.clone(); self.nclock],
             flags: vec![BTreeMap::new(); w],
             ctrs: (0..w).map(|r| vec![(0, zero.clone()); ctrs[r] as usize]).collect(),
@@ -1176,7 +1185,7 @@ impl<'a> Model<'a> {
 
     /// Launches rank `r`'s call `cur[r]`: the host writes fresh inputs after the previous
     /// kernel, and the blocks start after that.
-    fn launch(&self, st: &mut St, r: usize) {
+    fn launch(&self, st: &mut State, r: usize) {
         let k = st.cur[r] as usize;
         if k >= self.calls.len() {
             return;
@@ -1225,7 +1234,7 @@ impl<'a> Model<'a> {
                 Advance::AgreedMaxChunks { local } => local,
                 Advance::Fixed(_) => 0,
             };
-            st.ps[pid] = Ps { st: 1, top: 0, c: 0, body: 0, e, agreed: local };
+            st.ps[pid] = ProcessState { st: 1, top: 0, c: 0, body: 0, e, agreed: local };
         }
         if p.blocks.is_empty() {
             // An empty call ends at once (after its checks).
@@ -1234,7 +1243,7 @@ impl<'a> Model<'a> {
     }
 
     /// The step process `pid` is at (skipping steps its guard excludes), or `None` at exit.
-    fn current<'p>(&'p self, st: &mut St, pid: usize) -> Option<(&'p Step, u64)> {
+    fn current<'p>(&'p self, st: &mut State, pid: usize) -> Option<(&'p Step, u64)> {
         let (k, r, b) = self.who[pid];
         let steps = &self.plan(k, r).blocks[b].steps;
         let ps = &mut st.ps[pid];
@@ -1263,7 +1272,7 @@ impl<'a> Model<'a> {
         }
     }
 
-    fn next_pos(&self, st: &mut St, pid: usize) {
+    fn next_pos(&self, st: &mut State, pid: usize) {
         let (k, r, b) = self.who[pid];
         let steps = &self.plan(k, r).blocks[b].steps;
         let ps = &mut st.ps[pid];
@@ -1314,7 +1323,12 @@ impl<'a> Model<'a> {
     }
 
     /// A data read by `pid`: races and staleness are checked, the reader recorded.
-    fn read(&self, st: &mut St, pid: usize, l: (usize, usize, u64, u64)) -> Result<Vec<(u64, u64, Term)>, Violation> {
+    fn read(
+        &self,
+        st: &mut State,
+        pid: usize,
+        l: (usize, usize, u64, u64),
+    ) -> Result<Vec<(u64, u64, Term)>, Violation> {
         let (rank, sp, a, b) = l;
         if a == b {
             return Ok(vec![]);
@@ -1361,7 +1375,7 @@ impl<'a> Model<'a> {
     /// writers' copies of the same bytes are not races (the ticket hands each byte to one).
     fn write(
         &self,
-        st: &mut St,
+        st: &mut State,
         pid: usize,
         l: (usize, usize, u64, u64),
         pieces: Vec<(u64, u64, Term)>,
@@ -1427,15 +1441,15 @@ impl<'a> Model<'a> {
     }
 
     /// Whether all packets of a window location carry `flag`.
-    fn packets_ready(st: &St, l: (usize, usize, u64, u64), flag: u64) -> bool {
+    fn packets_ready(st: &State, l: (usize, usize, u64, u64), flag: u64) -> bool {
         let (rank, sp, a, b) = l;
         a == b || st.mem[rank][sp].overlapping(a, b).iter().all(|s| s.flag == Some(flag))
     }
 
     /// Joins the put clocks of the packets at a window location into `pid`'s clock.
-    fn acquire_packets(st: &mut St, pid: usize, l: (usize, usize, u64, u64)) {
+    fn acquire_packets(st: &mut State, pid: usize, l: (usize, usize, u64, u64)) {
         let (rank, sp, a, b) = l;
-        let vcs: Vec<Vc> = st.mem[rank][sp].overlapping(a, b).iter().filter_map(|s| s.wvc.clone()).collect();
+        let vcs: Vec<VectorClock> = st.mem[rank][sp].overlapping(a, b).iter().filter_map(|s| s.wvc.clone()).collect();
         for v in vcs {
             join(&mut st.vc[pid], &v);
         }
@@ -1443,20 +1457,20 @@ impl<'a> Model<'a> {
 
     /// Whether process `pid`'s current step is enabled, and whether it may be taken eagerly;
     /// a process found blocked is recorded in `st.wake` with what it waits on.
-    fn status(&self, st: &mut St, pid: usize) -> Option<bool> {
+    fn status(&self, st: &mut State, pid: usize) -> Option<bool> {
         let blocked = self.blocked_on(st, pid);
         st.wake.blocked[pid] = blocked.err();
         blocked.ok()
     }
 
-    fn blocked_on(&self, st: &mut St, pid: usize) -> Result<bool, Blocked> {
+    fn blocked_on(&self, st: &mut State, pid: usize) -> Result<bool, Blocked> {
         if st.ps[pid].st != 1 {
             return Err(Blocked::Idle);
         }
         let Some((s, c)) = self.current(st, pid) else { return Ok(true) };
         let e = st.ps[pid].e;
         let r = self.who[pid].1;
-        let on_rank = |st: &St, rank: usize| Blocked::Rank(rank as u32, st.wake.version[rank]);
+        let on_rank = |st: &State, rank: usize| Blocked::Rank(rank as u32, st.wake.version[rank]);
         match s {
             Step::Stage { .. } | Step::ChunkLoop { .. } => Ok(true),
             Step::Gather { expect: None, .. } | Step::Reduce { expect: None, .. } => Ok(true),
@@ -1495,14 +1509,14 @@ impl<'a> Model<'a> {
     }
 
     /// Takes process `pid`'s current step (or its exit).
-    fn fire(&self, st: &mut St, pid: usize, trace: &mut Vec<Ev>) -> Result<(), Violation> {
+    fn fire(&self, st: &mut State, pid: usize, trace: &mut Vec<TraceEvent>) -> Result<(), Violation> {
         let (k, r, _) = self.who[pid];
         let Some((s, c)) = self.current(st, pid) else {
-            trace.push(Ev::Exit(pid as u32));
+            trace.push(TraceEvent::Exit(pid as u32));
             return self.exit(st, pid);
         };
         let ps = &st.ps[pid];
-        trace.push(Ev::Step { pid: pid as u32, top: ps.top, body: ps.body, c });
+        trace.push(TraceEvent::Step { pid: pid as u32, top: ps.top, body: ps.body, c });
         let e = st.ps[pid].e;
         match s {
             Step::ChunkLoop { .. } => {}
@@ -1596,7 +1610,7 @@ impl<'a> Model<'a> {
                             .or_default()
                             .push((eval(&n.value, e, c), snap.clone()));
                     }
-                    trace.push(Ev::Notifies(then.len() as u32));
+                    trace.push(TraceEvent::Notifies(then.len() as u32));
                 }
             }
             Step::HandshakeSend { peer, dst, flag } => {
@@ -1639,7 +1653,7 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
-    fn exit(&self, st: &mut St, pid: usize) -> Result<(), Violation> {
+    fn exit(&self, st: &mut State, pid: usize) -> Result<(), Violation> {
         let (k, r, b) = self.who[pid];
         let p = self.plan(k, r);
         let ps = &st.ps[pid];
@@ -1670,7 +1684,7 @@ impl<'a> Model<'a> {
 
     /// Rank `r`'s call ended: uniform advance, all-pairs dependency, output semantics; then
     /// the next call is launched.
-    fn kernel_end(&self, st: &mut St, r: usize) -> Result<(), Violation> {
+    fn kernel_end(&self, st: &mut State, r: usize) -> Result<(), Violation> {
         let k = st.cur[r] as usize;
         let p = self.plan(k, r);
         let grid = p.blocks.len();
@@ -1694,7 +1708,7 @@ impl<'a> Model<'a> {
             }
         }
         if grid > 0 {
-            let mut end: Vc = Rc::new(vec![0; self.nclock]);
+            let mut end: VectorClock = Rc::new(vec![0; self.nclock]);
             for b in 0..grid {
                 if let Some(x) = &st.exits[self.base[k][r] + b] {
                     join(&mut end, x);
@@ -1716,7 +1730,7 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
-    fn check_output(&self, st: &St, k: usize, r: usize) -> Result<(), Violation> {
+    fn check_output(&self, st: &State, k: usize, r: usize) -> Result<(), Violation> {
         let p = self.plan(k, r);
         let spec = &p.spec;
         let (sp, shift) = match p.resources.alias {
@@ -1773,7 +1787,12 @@ impl<'a> Model<'a> {
 
     /// Takes every eager step until none is left; returns the enabled non-eager ones and the
     /// number of steps taken.
-    fn closure(&self, st: &mut St, trace: &mut Vec<Ev>, red: Reduction) -> Result<(Vec<Tr>, u64), Violation> {
+    fn closure(
+        &self,
+        st: &mut State,
+        trace: &mut Vec<TraceEvent>,
+        red: Reduction,
+    ) -> Result<(Vec<Transition>, u64), Violation> {
         let mut fired = 0;
         loop {
             let mut progressed = false;
@@ -1788,7 +1807,7 @@ impl<'a> Model<'a> {
                         fired += 1;
                         progressed = true;
                     } else {
-                        branching.push(Tr { pid });
+                        branching.push(Transition { pid });
                         break;
                     }
                 }
@@ -1800,11 +1819,11 @@ impl<'a> Model<'a> {
     }
 
     /// Attaches the rendered trace to a violation.
-    fn with_trace(&self, mut v: Violation, trace: &[Ev]) -> Violation {
+    fn with_trace(&self, mut v: Violation, trace: &[TraceEvent]) -> Violation {
         v.trace = trace
             .iter()
             .map(|ev| match *ev {
-                Ev::Step { pid, top, body, c } => {
+                TraceEvent::Step { pid, top, body, c } => {
                     let (k, r, b) = self.who[pid as usize];
                     let steps = &self.plan(k, r).blocks[b].steps;
                     match steps.get(top as usize) {
@@ -1816,17 +1835,17 @@ impl<'a> Model<'a> {
                         None => format!("call {k} rank {r} block {b}: ?"),
                     }
                 }
-                Ev::Exit(pid) => {
+                TraceEvent::Exit(pid) => {
                     let (k, r, b) = self.who[pid as usize];
                     format!("call {k} rank {r} block {b}: exit")
                 }
-                Ev::Notifies(n) => format!("  (last arrival: notifies {n} flags)"),
+                TraceEvent::Notifies(n) => format!("  (last arrival: notifies {n} flags)"),
             })
             .collect();
         v
     }
 
-    fn deadlock(&self, st: &mut St) -> Option<Violation> {
+    fn deadlock(&self, st: &mut State) -> Option<Violation> {
         let running: Vec<usize> = (0..self.who.len()).filter(|&p| st.ps[p].st == 1).collect();
         let stuck: Vec<String> = running
             .into_iter()
@@ -1874,7 +1893,7 @@ impl<'a> Model<'a> {
 /// One trace entry, rendered only when a violation is reported: formatting every step of an
 /// exhaustive search cost more than the search itself.
 #[derive(Debug, Clone, Copy)]
-enum Ev {
+enum TraceEvent {
     Step { pid: u32, top: u32, body: u32, c: u64 },
     Exit(u32),
     Notifies(u32),
@@ -1896,12 +1915,12 @@ struct Explorer<'m, 'a> {
     seen: HashSet<(u64, u64)>,
     states: u64,
     max: u64,
-    trace: Vec<Ev>,
+    trace: Vec<TraceEvent>,
     red: Reduction,
 }
 
 impl Explorer<'_, '_> {
-    fn dfs(&mut self, mut st: St) -> Result<(), Stop> {
+    fn dfs(&mut self, mut st: State) -> Result<(), Stop> {
         let mark = self.trace.len();
         let en = match self.m.closure(&mut st, &mut self.trace, self.red) {
             Ok((en, fired)) => {
