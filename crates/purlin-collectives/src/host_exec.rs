@@ -283,21 +283,7 @@ impl HostWorld {
                 .collect();
             (check, results)
         });
-        // The cause wins over its echoes: the check's mismatch (or timeout) first, then any
-        // block's own failure; `Poisoned` only when nothing on this rank says more, since a
-        // block's timeout may poison the world before the check's wait notices it.
-        let mut echo = None;
-        let mut entries = Vec::new();
-        for r in std::iter::once(check.map(|()| Vec::new())).chain(results) {
-            match r {
-                Ok(e) => entries.extend(e),
-                Err(e @ Error::Poisoned(_)) => {
-                    echo.get_or_insert(e);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        echo.map_or(Ok(entries), Err)
+        call_outcome(check, results)
     }
 
     /// The call check (kernels/snac/exec.cuh `run_call_check`, the same words and rules):
@@ -848,4 +834,73 @@ pub fn atom_dtype(t: purlin_snac::DataType) -> Option<DType> {
         S::U32 => DType::U32,
         _ => return None,
     })
+}
+
+/// One call's outcome on one rank from its call check's and its blocks' results: the cause
+/// wins over its echoes. The check's mismatch (or timeout) comes first, then any block's own
+/// failure; `Poisoned` only when nothing on this rank says more, since a block's timeout may
+/// poison the world before the check's wait notices it (and the other way round).
+fn call_outcome(
+    check: Result<(), Error>,
+    blocks: Vec<Result<Vec<TraceEntry>, Error>>,
+) -> Result<Vec<TraceEntry>, Error> {
+    let mut echo = None;
+    let mut entries = Vec::new();
+    for r in std::iter::once(check.map(|()| Vec::new())).chain(blocks) {
+        match r {
+            Ok(e) => entries.extend(e),
+            Err(e @ Error::Poisoned(_)) => {
+                echo.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    echo.map_or(Ok(entries), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout() -> Error {
+        Error::Timeout { rank: 0, peer: 1, waited: Duration::from_millis(500), during: "a block's wait".into() }
+    }
+
+    fn mismatch() -> Error {
+        Error::Mismatch { rank: 0, peer: 1, what: "their calls differ".into() }
+    }
+
+    fn echo() -> Error {
+        Error::Poisoned("rank 0: another rank's wait expired".into())
+    }
+
+    fn entry(block: u32) -> TraceEntry {
+        TraceEntry { block, step: 0, body: None, chunk: 0, epoch: 0 }
+    }
+
+    // The race CI met on stop 44's code: a block's wait expired and poisoned the world before
+    // the check's wait on the calling thread saw it, so the check reported the echo.
+    #[test]
+    fn a_blocks_timeout_wins_over_the_checks_poisoned_echo() {
+        let got = call_outcome(Err(echo()), vec![Ok(vec![]), Err(timeout())]);
+        assert!(matches!(got, Err(Error::Timeout { rank: 0, peer: 1, .. })), "{got:?}");
+        let got = call_outcome(Ok(()), vec![Err(echo()), Err(timeout())]);
+        assert!(matches!(got, Err(Error::Timeout { .. })), "{got:?}");
+    }
+
+    #[test]
+    fn the_checks_own_failure_wins_over_the_blocks() {
+        let got = call_outcome(Err(mismatch()), vec![Err(echo()), Err(timeout())]);
+        assert!(matches!(got, Err(Error::Mismatch { peer: 1, .. })), "{got:?}");
+        let got = call_outcome(Err(timeout()), vec![Err(echo())]);
+        assert!(matches!(got, Err(Error::Timeout { .. })), "{got:?}");
+    }
+
+    #[test]
+    fn poisoned_only_when_nothing_says_more_and_ok_keeps_every_blocks_trace() {
+        let got = call_outcome(Ok(()), vec![Ok(vec![entry(0)]), Err(echo())]);
+        assert!(matches!(&got, Err(Error::Poisoned(why)) if why.contains("wait expired")), "{got:?}");
+        let got = call_outcome(Ok(()), vec![Ok(vec![entry(0), entry(0)]), Ok(vec![entry(1)])]).expect("no error");
+        assert_eq!(got.iter().map(|e| e.block).collect::<Vec<_>>(), [0, 0, 1]);
+    }
 }
