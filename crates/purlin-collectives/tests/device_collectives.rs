@@ -747,7 +747,8 @@ fn broadcast_and_reduce_from_every_root() {
 
 /// Point-to-point at world 2: a send meets the peer's receive, a group's send and receive
 /// run as one exchange at its end (both ranks sending and receiving, as pipeline stages
-/// swap activations), and `send_recv` moves different lengths each way; every rank is checked
+/// swap activations), a group of several sends and receives runs them as NCCL matches them,
+/// and `send_recv` moves different lengths each way; every rank is checked
 /// against the values its peer sent. Wider worlds (`PURLIN_TEST_WORLD`) answer Unsupported.
 #[test]
 #[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
@@ -834,10 +835,51 @@ fn send_recv_and_groups_exchange_at_world_2() {
         check(c.stream().clone_dtoh(&bufs[r].1).expect("read"), values(1 - r, 3, n), format!("rank {r} dropped group"));
         c.async_error().expect("no device error");
     }
+    // A group of several sends and receives, as NCCL matches them: the k-th send to a peer
+    // meets the peer's k-th receive, whatever the two lists' interleaving. Rank 0 sends two
+    // buffers and receives one; rank 1 receives two and sends one.
+    let lens = [5000, 1667, 777];
+    let mut bufs: Vec<Vec<_>> = comms
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let s = c.stream();
+            let buf = |k: usize| {
+                let sends = if r == 0 { k < 2 } else { k == 2 };
+                s.clone_htod(&if sends { values(r, 4 + k, lens[k]) } else { vec![-1f32; lens[k]] }).expect("buffer")
+            };
+            (0..3).map(buf).collect()
+        })
+        .collect();
+    for (r, c) in comms.iter().enumerate() {
+        let peer = (1 - r) as i32;
+        let [b0, b1, b2] = &mut bufs[r][..] else { unreachable!() };
+        let mut group = c.group();
+        if r == 0 {
+            group.send(b0.slice(..), peer).expect("send 1");
+            group.recv(b2.slice_mut(..), peer).expect("recv 1");
+            group.send(b1.slice(..), peer).expect("send 2");
+        } else {
+            group.recv(b0.slice_mut(..), peer).expect("recv 1");
+            group.recv(b1.slice_mut(..), peer).expect("recv 2");
+            group.send(b2.slice(..), peer).expect("send 1");
+        }
+        group.end().expect("group end");
+    }
+    for (r, c) in comms.iter().enumerate() {
+        for k in 0..3 {
+            let received = if r == 0 { k == 2 } else { k < 2 };
+            if received {
+                let got = c.stream().clone_dtoh(&bufs[r][k]).expect("read");
+                check(got, values(1 - r, 4 + k, lens[k]), format!("rank {r} group of several, buffer {k}"));
+            }
+        }
+        c.async_error().expect("no device error");
+    }
     // Between the free group_start/group_end a lone send is refused before anything runs
     // (run one by one, an exchange's halves would meet the peer's in the wrong order).
     purlin_collectives::comm::group_start().expect("group_start");
-    let refused = comms[0].send(&bufs[0].0, 1);
+    let refused = comms[0].send(&bufs[0][0], 1);
     purlin_collectives::comm::group_end().expect("group_end");
     assert!(matches!(refused, Err(purlin_collectives::Error::Unsupported(_))), "{refused:?}");
     comms[0].async_error().expect("nothing ran, nothing poisoned");

@@ -1,5 +1,5 @@
 //! Groups of calls (`group_start`/`group_end` and cudarc's `nccl::Group`): collectives run as
-//! they are called; a group holds one send and one receive until its end.
+//! they are called; a group holds its sends and receives until its end.
 
 use cudarc::driver::{CudaView, CudaViewMut, SyncOnDrop};
 
@@ -51,13 +51,16 @@ pub(super) fn refuse_in_open_group(what: &str) -> Result<(), Error> {
 /// A group of calls (cudarc's `nccl::Group`), made by [`Comm::group`]. NCCL runs a group's
 /// calls together, so two ranks may each send to and receive from the other in one group.
 /// Purlin launches collectives as they are called (each is one kernel that blocks no host
-/// thread, so no order deadlocks) and holds the group's one send and one receive until its
-/// end, where they run as one call: the pair a world-2 exchange is.
+/// thread, so no order deadlocks) and holds the group's sends and receives until its end.
+/// There, as NCCL matches the k-th send to a peer with that peer's k-th receive from this
+/// rank, the k-th send and the k-th receive run together as one call (a world-2 exchange),
+/// for k = 1, 2, …; where one list is longer, its rest runs alone. The peer's group, or its
+/// calls in that order, must mirror them.
 #[derive(Debug)]
 pub struct Group<'a> {
     comm: &'a Comm,
-    send: Option<HeldTransfer<'a>>,
-    recv: Option<HeldTransfer<'a>>,
+    sends: Vec<HeldTransfer<'a>>,
+    recvs: Vec<HeldTransfer<'a>>,
 }
 
 /// A send or receive held until its group ends: the peer, the bytes, the device pointer, and
@@ -70,12 +73,12 @@ struct HeldTransfer<'a> {
 }
 
 impl Drop for Group<'_> {
-    /// Ends the group (cudarc calls `ncclGroupEnd` here), running a held send and receive.
-    /// A failure there cannot be returned from `drop`, and the peer's half of the call then
-    /// waits for this one in vain, so it poisons the communicator: [`Comm::async_error`] and
-    /// every later call report it. [`Group::end`] returns it instead.
+    /// Ends the group (cudarc calls `ncclGroupEnd` here), running the held sends and
+    /// receives. A failure there cannot be returned from `drop`, and the peer's half of the
+    /// call then waits for this one in vain, so it poisons the communicator:
+    /// [`Comm::async_error`] and every later call report it. [`Group::end`] returns it instead.
     fn drop(&mut self) {
-        let peer = self.send.as_ref().or(self.recv.as_ref()).map(|h| h.transfer.peer);
+        let peer = self.sends.first().or(self.recvs.first()).map(|h| h.transfer.peer);
         if let (Some(peer), Err(e)) = (peer, self.run_held()) {
             self.comm.poison_with(peer, format!("rank {}: the send/recv at a group's end failed: {e}", self.comm.rank));
         }
@@ -84,7 +87,7 @@ impl Drop for Group<'_> {
 
 impl<'g> Group<'g> {
     pub(super) fn new(comm: &'g Comm) -> Self {
-        Group { comm, send: None, recv: None }
+        Group { comm, sends: Vec::new(), recvs: Vec::new() }
     }
 
     /// The communicator.
@@ -92,50 +95,44 @@ impl<'g> Group<'g> {
         self.comm
     }
 
-    /// Ends the group now, returning what the held send and receive gave (dropping the group
-    /// runs them too, but can only report a failure by poisoning the communicator).
+    /// Ends the group now, returning what the held sends and receives gave (dropping the
+    /// group runs them too, but can only report a failure by poisoning the communicator).
+    /// After a failed call the rest do not run.
     pub fn end(mut self) -> Result<Status, Error> {
         self.run_held()
     }
 
     fn run_held(&mut self) -> Result<Status, Error> {
-        let (send, recv) = (self.send.take(), self.recv.take());
-        if send.is_none() && recv.is_none() {
-            return Ok(Status::Success);
-        }
         let c = self.comm;
-        let spec =
-            point_to_point_spec(c.world, c.rank, send.as_ref().map(|h| h.transfer), recv.as_ref().map(|h| h.transfer))?;
         let ptr = |h: &Option<HeldTransfer<'_>>| h.as_ref().map_or(0, |h| h.ptr);
-        // `send` and `recv` (with their stream records) live until after the launch.
-        c.point_to_point_at(spec, ptr(&send), ptr(&recv))
+        let transfer = |h: &Option<HeldTransfer<'_>>| h.as_ref().map(|h| h.transfer);
+        for (send, recv) in paired(std::mem::take(&mut self.sends), std::mem::take(&mut self.recvs)) {
+            let spec = point_to_point_spec(c.world, c.rank, transfer(&send), transfer(&recv))?;
+            // `send` and `recv` (with their stream records) live until after the launch.
+            c.point_to_point_at(spec, ptr(&send), ptr(&recv))?;
+        }
+        Ok(Status::Success)
     }
 
-    /// Holds a send to `peer` until the group ends ([`Comm::send`]); one per group.
+    /// Holds a send to `peer` until the group ends ([`Comm::send`]); it meets the peer's
+    /// receive of the same rank in its group (the first send the first receive, and so on).
     pub fn send<'s: 'g, T: NcclType>(&mut self, data: CudaView<'s, T>, peer: i32) -> Result<(), Error> {
-        if self.send.is_some() {
-            return Err(Error::Unsupported("a second send in one group (a world-2 group sends at most once)".into()));
-        }
         let transfer = Transfer { peer: self.comm.check_peer(peer)?, bytes: byte_len::<T>(data.len()) };
         point_to_point_spec(self.comm.world, self.comm.rank, Some(transfer), None)?;
         self.comm.check_device(&data)?;
         let (ptr, record) = data.view_ptr(&self.comm.stream);
-        self.send = Some(HeldTransfer { transfer, ptr, _record: record });
+        self.sends.push(HeldTransfer { transfer, ptr, _record: record });
         Ok(())
     }
 
-    /// Holds a receive from `peer` until the group ends ([`Comm::recv`]); one per group.
+    /// Holds a receive from `peer` until the group ends ([`Comm::recv`]); it meets the peer's
+    /// send of the same rank in its group.
     pub fn recv<'r: 'g, T: NcclType>(&mut self, buff: CudaViewMut<'r, T>, peer: i32) -> Result<Status, Error> {
-        if self.recv.is_some() {
-            return Err(Error::Unsupported(
-                "a second receive in one group (a world-2 group receives at most once)".into(),
-            ));
-        }
         let transfer = Transfer { peer: self.comm.check_peer(peer)?, bytes: byte_len::<T>(buff.len()) };
         point_to_point_spec(self.comm.world, self.comm.rank, None, Some(transfer))?;
         self.comm.check_device(&buff)?;
         let (ptr, record) = buff.view_ptr_mut(&self.comm.stream);
-        self.recv = Some(HeldTransfer { transfer, ptr, _record: record });
+        self.recvs.push(HeldTransfer { transfer, ptr, _record: record });
         Ok(Status::Success)
     }
 
@@ -230,5 +227,29 @@ impl<'g> Group<'g> {
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
         self.comm.reduce_scatter(&sendbuff, &mut recvbuff, reduce_op)
+    }
+}
+
+/// The calls a group's held sends and receives make at its end, in order: the k-th send with
+/// the k-th receive, the longer list's rest alone.
+fn paired<S, R>(sends: Vec<S>, recvs: Vec<R>) -> impl Iterator<Item = (Option<S>, Option<R>)> {
+    let (mut sends, mut recvs) = (sends.into_iter(), recvs.into_iter());
+    std::iter::from_fn(move || match (sends.next(), recvs.next()) {
+        (None, None) => None,
+        pair => Some(pair),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paired;
+
+    #[test]
+    fn the_kth_send_runs_with_the_kth_receive_and_the_rest_alone() {
+        let calls: Vec<_> = paired(vec!["s1", "s2", "s3"], vec!["r1"]).collect();
+        assert_eq!(calls, [(Some("s1"), Some("r1")), (Some("s2"), None), (Some("s3"), None)]);
+        let calls: Vec<_> = paired(Vec::<&str>::new(), vec!["r1", "r2"]).collect();
+        assert_eq!(calls, [(None, Some("r1")), (None, Some("r2"))]);
+        assert_eq!(paired(Vec::<u8>::new(), Vec::<u8>::new()).count(), 0);
     }
 }

@@ -527,7 +527,7 @@ impl Comm {
     }
 
     /// Sends `sendbuff` to `send_peer` and receives `recvbuff` from `recv_peer` in one call
-    /// (MPI's `Sendrecv`; what a [`Group`] holding one send and one receive runs at its end).
+    /// (MPI's `Sendrecv`; what a [`Group`] runs at its end for its k-th send and k-th receive).
     /// The peers' calls must mirror it: a [`Comm::send_recv`] or a group there, or a lone
     /// receive (send) where this rank only sends (receives), that is a zero-length side.
     pub fn send_recv<S: DevicePtr<T>, R: DevicePtrMut<U>, T: NcclType, U: NcclType>(
