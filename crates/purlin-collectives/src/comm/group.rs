@@ -114,8 +114,8 @@ impl<'g> Group<'g> {
         Ok(Status::Success)
     }
 
-    /// Holds a send to `peer` until the group ends ([`Comm::send`]); it meets the peer's
-    /// receive of the same rank in its group (the first send the first receive, and so on).
+    /// Holds a send to `peer` until the group ends ([`Comm::send`]); the group's k-th send
+    /// meets the peer's k-th receive from this rank.
     pub fn send<'s: 'g, T: NcclType>(&mut self, data: CudaView<'s, T>, peer: i32) -> Result<(), Error> {
         let transfer = Transfer { peer: self.comm.check_peer(peer)?, bytes: byte_len::<T>(data.len()) };
         point_to_point_spec(self.comm.world, self.comm.rank, Some(transfer), None)?;
@@ -125,8 +125,8 @@ impl<'g> Group<'g> {
         Ok(())
     }
 
-    /// Holds a receive from `peer` until the group ends ([`Comm::recv`]); it meets the peer's
-    /// send of the same rank in its group.
+    /// Holds a receive from `peer` until the group ends ([`Comm::recv`]); the group's k-th
+    /// receive meets the peer's k-th send to this rank.
     pub fn recv<'r: 'g, T: NcclType>(&mut self, buff: CudaViewMut<'r, T>, peer: i32) -> Result<Status, Error> {
         let transfer = Transfer { peer: self.comm.check_peer(peer)?, bytes: byte_len::<T>(buff.len()) };
         point_to_point_spec(self.comm.world, self.comm.rank, None, Some(transfer))?;
