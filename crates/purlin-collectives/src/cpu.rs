@@ -40,7 +40,7 @@ use purlin_atom::{F8E4M3, F8E5M2};
 use purlin_snac::verify::Options;
 use purlin_snac::{CollectiveSpec, ConsumeOp, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
 
-use crate::comm::{ReduceOp, Transfer, point_to_point_spec};
+use crate::comm::{ReduceOp, Transfer, paired, point_to_point_spec};
 use crate::cpu_symmetric::region::HostRegion;
 pub use crate::cpu_symmetric::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer};
 use crate::cpu_symmetric::{Meetings, SymmetricAlloc};
@@ -665,6 +665,14 @@ impl CpuComm {
         self.run_checked(spec, Bufs::Separate(send.plain(), recv.plain()), true)
     }
 
+    /// Starts a group of sends and receives ([`Comm::group`](crate::Comm::group)'s host twin):
+    /// they are held until [`CpuGroup::end`] (or the group's drop), where the k-th send and
+    /// the k-th receive run as one call, as NCCL matches a group's k-th send to a peer with
+    /// the peer's k-th receive.
+    pub fn group(&self) -> CpuGroup<'_> {
+        CpuGroup { comm: self, sends: Vec::new(), recvs: Vec::new() }
+    }
+
     /// Any collective on raw bytes: `spec` says what (its world must be this communicator's;
     /// its mode is used as given). For bindings and benchmarks; the typed methods are sugar
     /// over this. Lengths are checked against the spec (a byte length that is not a whole
@@ -904,5 +912,64 @@ impl CpuComm {
             verified: verdict.coverage.clone(),
         });
         Ok(())
+    }
+}
+
+/// A group of sends and receives on a [`CpuComm`], made by [`CpuComm::group`]: the host twin
+/// of [`Comm::group`](crate::Comm::group)'s `Group`, with the same matching (the k-th send
+/// with the k-th receive, one world-2 call each, the longer list's rest alone).
+#[derive(Debug)]
+pub struct CpuGroup<'g> {
+    comm: &'g CpuComm,
+    sends: Vec<(Transfer, HostRegion<'g>)>,
+    recvs: Vec<(Transfer, HostRegion<'g>)>,
+}
+
+impl<'g> CpuGroup<'g> {
+    /// Holds a send of `send` to `peer` until the group ends; the group's k-th send meets
+    /// the peer's k-th receive from this rank.
+    pub fn send<S: CpuBuffer<T> + ?Sized, T: CpuType>(&mut self, send: &'g S, peer: usize) -> Result<(), Error> {
+        let region = send.host_region().plain();
+        let transfer = Transfer { peer, bytes: region.bytes as u64 };
+        point_to_point_spec(self.comm.world_size(), self.comm.rank, Some(transfer), None)?;
+        self.sends.push((transfer, region));
+        Ok(())
+    }
+
+    /// Holds a receive into `recv` from `peer` until the group ends; the group's k-th
+    /// receive meets the peer's k-th send to this rank.
+    pub fn recv<R: CpuBufferMut<T> + ?Sized, T: CpuType>(&mut self, recv: &'g mut R, peer: usize) -> Result<(), Error> {
+        let region = recv.host_region_mut().plain();
+        let transfer = Transfer { peer, bytes: region.bytes as u64 };
+        point_to_point_spec(self.comm.world_size(), self.comm.rank, None, Some(transfer))?;
+        self.recvs.push((transfer, region));
+        Ok(())
+    }
+
+    /// Ends the group now, running the held calls in order and returning the first failure
+    /// (after which the rest do not run).
+    pub fn end(mut self) -> Result<(), Error> {
+        self.run_held()
+    }
+
+    fn run_held(&mut self) -> Result<(), Error> {
+        let c = self.comm;
+        for (send, recv) in paired(std::mem::take(&mut self.sends), std::mem::take(&mut self.recvs)) {
+            let spec = point_to_point_spec(c.world_size(), c.rank, send.map(|s| s.0), recv.map(|r| r.0))?;
+            let region = |side: Option<(Transfer, HostRegion<'g>)>| side.map_or_else(HostRegion::empty, |s| s.1);
+            c.run_checked(spec, Bufs::Separate(region(send), region(recv)), true)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CpuGroup<'_> {
+    /// Runs the held calls (as `Comm`'s group does). A failure cannot be returned from here
+    /// and leaves the peer's half of the call waiting, so it poisons the world: every rank's
+    /// [`CpuComm::async_error`] and later calls report it. [`CpuGroup::end`] returns it.
+    fn drop(&mut self) {
+        if let Err(e) = self.run_held() {
+            self.comm.shared.world.poison_because(&e);
+        }
     }
 }

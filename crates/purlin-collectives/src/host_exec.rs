@@ -228,7 +228,7 @@ impl HostWorld {
     }
 
     /// Poisons the world because of `error`, which later calls quote.
-    fn poison_because(&self, error: &Error) {
+    pub(crate) fn poison_because(&self, error: &Error) {
         self.poison_reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| error.to_string());
         self.poison();
     }

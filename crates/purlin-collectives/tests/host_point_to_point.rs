@@ -1,7 +1,7 @@
-//! Point-to-point calls on the host executor (`CpuComm::send`, `recv`, `send_recv`): at
-//! world 2 a send and the peer's matching receive are one collective, in every regime, on
-//! plain and symmetric buffers; what a pair cannot be (a wider world, a rank with itself) is
-//! a typed error before anything runs.
+//! Point-to-point calls on the host executor (`CpuComm::send`, `recv`, `send_recv`, groups):
+//! at world 2 a send and the peer's matching receive are one collective, in every regime, on
+//! plain and symmetric buffers; a group runs its k-th send with its k-th receive; what a pair
+//! cannot be (a wider world, a rank with itself) is a typed error before anything runs.
 
 #[path = "host_collectives_support/mod.rs"]
 mod support;
@@ -189,4 +189,75 @@ fn on_both_results<R: Send>(
         let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
         hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
     })
+}
+
+/// A group of several sends and receives runs them as NCCL matches them, whatever their
+/// interleaving: the k-th send to the peer meets the peer's k-th receive. Rank 0 sends two
+/// buffers and receives one, rank 1 receives two and sends one; then the other way round,
+/// and a group dropped without `end` runs its calls too.
+#[test]
+fn groups_run_the_kth_send_with_the_kth_receive() {
+    for setup in [Setup::Default, Setup::Latency, Setup::ThroughputPeer, Setup::ThroughputOwn] {
+        let pair = comms(2, setup, ReductionMode::Deterministic);
+        for (call, lens) in [[5000usize, 1667, 777], [1, 0, 70_001]].into_iter().enumerate() {
+            let got = on_both(&pair, |c| {
+                let (me, peer) = (c.rank(), 1 - c.rank());
+                // Buffer k is sent by rank 0 for k < 2 and by rank 1 for k = 2.
+                let sends = |k: usize| if me == 0 { k < 2 } else { k == 2 };
+                let mut bufs: Vec<Vec<i32>> = (0..3)
+                    .map(|k| if sends(k) { payloads(me, 10 * call + k, lens[k]) } else { vec![-1; lens[k]] })
+                    .collect();
+                let [b0, b1, b2] = &mut bufs[..] else { unreachable!() };
+                let mut group = c.group();
+                if me == 0 {
+                    group.send(&*b0, peer)?;
+                    group.recv(b2, peer)?;
+                    group.send(&*b1, peer)?;
+                    group.end()?;
+                } else {
+                    group.recv(b0, peer)?;
+                    group.recv(b1, peer)?;
+                    group.send(&*b2, peer)?;
+                    drop(group); // runs the held calls as `end` does
+                    c.async_error()?;
+                }
+                Ok(bufs)
+            });
+            for (r, bufs) in got.iter().enumerate() {
+                for (k, buf) in bufs.iter().enumerate() {
+                    let sent_by = if k < 2 { 0 } else { 1 };
+                    assert_eq!(buf, &payloads(sent_by, 10 * call + k, lens[k]), "{setup:?}, rank {r}, buffer {k}");
+                }
+            }
+        }
+    }
+}
+
+/// Groups that do not mirror each other (the first send meets a receive of another size) are
+/// an `Error::Mismatch` on both ranks at their first call, and the rest do not run; the
+/// receive buffers are untouched and the pair stays usable.
+#[test]
+fn groups_that_do_not_mirror_each_other_are_a_mismatch() {
+    let pair = comms(2, Setup::ThroughputPeer, ReductionMode::Deterministic);
+    let outcomes = on_both_results(&pair, |c| {
+        let (a, b) = (payloads(0, 0, 100), payloads(0, 1, 50));
+        let (mut x, mut y) = (vec![-1i32; 50], vec![-1i32; 100]);
+        let mut group = c.group();
+        let ended = if c.rank() == 0 {
+            group.send(&a, 1)?;
+            group.send(&b, 1)?;
+            group.end()
+        } else {
+            group.recv(&mut x, 0)?;
+            group.recv(&mut y, 0)?;
+            group.end()
+        };
+        Ok((ended, x, y))
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let (ended, x, y) = outcome.expect("the group was made");
+        assert!(matches!(ended, Err(Error::Mismatch { peer, .. }) if peer == 1 - rank), "rank {rank}: {ended:?}");
+        assert!(x.iter().chain(&y).all(|&v| v == -1), "rank {rank}: a receive buffer was written");
+    }
+    assert_a_send_meets_its_receive(&pair, 3);
 }

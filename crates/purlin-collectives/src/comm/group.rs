@@ -231,8 +231,8 @@ impl<'g> Group<'g> {
 }
 
 /// The calls a group's held sends and receives make at its end, in order: the k-th send with
-/// the k-th receive, the longer list's rest alone.
-fn paired<S, R>(sends: Vec<S>, recvs: Vec<R>) -> impl Iterator<Item = (Option<S>, Option<R>)> {
+/// the k-th receive, the longer list's rest alone (also `CpuGroup`'s).
+pub(crate) fn paired<S, R>(sends: Vec<S>, recvs: Vec<R>) -> impl Iterator<Item = (Option<S>, Option<R>)> {
     let (mut sends, mut recvs) = (sends.into_iter(), recvs.into_iter());
     std::iter::from_fn(move || match (sends.next(), recvs.next()) {
         (None, None) => None,

@@ -26,6 +26,7 @@ pub use config::{CommConfig, KernelRequest, LoadedKernel};
 pub use group::{Group, group_end, group_start};
 pub use types::{DataType, NcclType, ReduceOp, Status};
 
+pub(crate) use group::paired;
 use group::refuse_in_open_group;
 use setup::{Backend, agree, setup};
 use types::{snac_dtype, snac_op};
