@@ -261,3 +261,24 @@ fn groups_that_do_not_mirror_each_other_are_a_mismatch() {
     }
     assert_a_send_meets_its_receive(&pair, 3);
 }
+
+/// A group whose calls fail when it is dropped cannot return the error, so it poisons the
+/// world: every rank's `async_error` then quotes the mismatch, and later calls fail at once.
+#[test]
+fn a_dropped_group_that_fails_poisons_the_world() {
+    let pair = comms(2, Setup::ThroughputPeer, ReductionMode::Deterministic);
+    on_both(&pair, |c| {
+        let a = payloads(0, 0, 100);
+        let mut x = vec![-1i32; 50];
+        let mut group = c.group();
+        if c.rank() == 0 { group.send(&a, 1) } else { group.recv(&mut x, 0) }?;
+        drop(group);
+        Ok(())
+    });
+    for c in &pair {
+        let e = c.async_error().expect_err("the world is poisoned");
+        assert!(matches!(&e, Error::Poisoned(why) if why.contains("disagree")), "rank {}: {e}", c.rank());
+    }
+    let e = pair[0].send(&payloads(0, 1, 8), 1).expect_err("a poisoned world runs nothing");
+    assert!(matches!(e, Error::Poisoned(_)), "{e}");
+}
