@@ -133,6 +133,14 @@ fn check_spill_ceilings(compiled: &[purlin_atom::CompiledKernel], jobs: &[(purli
                 .unwrap_or_else(|| panic!("{}: no code section for {}: {code:?}", unit.name, f.function));
             assert!(c.bytes > 0 && c.bytes % purlin_atom::cubin::INSTRUCTION_BYTES == 0, "{}: {c:?}", unit.name);
         }
+        // The call check stays out of line: inlined, its code lay between the entry's test and
+        // the plan's first step, and every plan block jumped over it (round 146).
+        let executor = unit.name.starts_with("purlin_shaped_") || unit.name.starts_with("purlin_exec_");
+        assert!(
+            !executor || resources.iter().any(|f| !f.entry && f.function.contains("run_call_check")),
+            "{}: run_call_check is not a function of its own: {resources:?}",
+            unit.name
+        );
         if unit.name.starts_with("purlin_shaped_") {
             // The shaped executor's record offsets are literals: nothing long-lived to spill.
             assert_eq!(entries.len(), 2, "{}: {entries:?}", unit.name);
