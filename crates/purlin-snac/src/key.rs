@@ -154,7 +154,11 @@ impl Plan {
 impl KernelKey {
     /// A stable 64-bit digest (FNV-1a over the bincode encoding), for cache file names.
     pub fn digest(&self) -> u64 {
-        let bytes = bincode::serde::encode_to_vec(self, bincode::config::standard()).unwrap_or_default();
-        bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+        fnv1a(&bincode::serde::encode_to_vec(self, bincode::config::standard()).unwrap_or_default())
     }
+}
+
+/// 64-bit FNV-1a of `bytes`: the digests of purlin-snac (kernel keys, calls).
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }

@@ -463,9 +463,7 @@ impl Plan {
     /// FNV-1a over the spec's `Debug` text: the same on every rank of one build, which is
     /// what ranks of one communicator run.
     pub fn call_digest(&self) -> u32 {
-        let text = format!("{:?}|{}", self.spec, u8::from(self.one_copy));
-        let hash =
-            text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        let hash = crate::key::fnv1a(format!("{:?}|{}", self.spec, u8::from(self.one_copy)).as_bytes());
         (hash ^ (hash >> 32)) as u32
     }
 
