@@ -1,11 +1,13 @@
-//! `cargo xtask ab-round [--out DIR] [--sweeps FILE] [--reps N] BASE CANDIDATE...`: builds an
+//! `cargo xtask ab-round [--out DIR] [--sweeps FILE] [--reps N] [--bench-only REF]... BASE CANDIDATE...`: builds an
 //! A/B round of git refs (branches, commits) for the GPU machine, in one folder:
 //!
 //! - `purlin-bench-<variant>` per ref, built from its own checkout (a `git worktree` under
 //!   `target/ab-src/`, one shared `target/ab-build/`, so dependencies build once);
 //! - each candidate's `atom_gpu`, `device_collectives`, `device_conformance`, `device_sequences`
 //!   and `device_faults` tests under
-//!   `bin/<variant>/` (the baseline's are main's: the rounds that landed ran them);
+//!   `bin/<variant>/` (the baseline's are main's: the rounds that landed ran them; none for a
+//!   `--bench-only` ref, a control that will not land, whose 11 MiB of tests would crowd the
+//!   64 MiB the device tool carries);
 //! - `kernels.tgz`: every ref's sm_90 kernels (of the fp8 reductions only sum's; the others
 //!   compile on the GPU machine if a run needs them), compiled here by that ref's own `cargo xtask cubin`
 //!   into `target/ab-kernel-cache/` (kept between rounds: its keys hash the sources);
@@ -39,7 +41,8 @@ const CANDIDATE_TESTS: [(&str, &str); 5] = [
     ("purlin-collectives", "device_faults"),
 ];
 
-const USAGE: &str = "usage: cargo xtask ab-round [--out DIR] [--sweeps FILE] [--reps N] BASE CANDIDATE...";
+const USAGE: &str =
+    "usage: cargo xtask ab-round [--out DIR] [--sweeps FILE] [--reps N] [--bench-only REF]... BASE CANDIDATE...";
 
 pub(crate) fn ab_round(args: &[String]) -> Result<()> {
     let root = workspace_root();
@@ -47,6 +50,7 @@ pub(crate) fn ab_round(args: &[String]) -> Result<()> {
     let mut sweeps = SWEEPS_TXT.to_string();
     let mut reps: Option<u32> = None;
     let mut refs = Vec::new();
+    let mut bench_only = BTreeSet::new();
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
@@ -56,12 +60,18 @@ pub(crate) fn ab_round(args: &[String]) -> Result<()> {
                 sweeps = std::fs::read_to_string(path).with_context(|| format!("read {path}"))?;
             }
             "--reps" => reps = Some(rest.next().context(USAGE)?.parse().context("--reps needs a count")?),
+            "--bench-only" => {
+                bench_only.insert(rest.next().context(USAGE)?.clone());
+            }
             flag if flag.starts_with("--") => bail!("{USAGE}"),
             git_ref => refs.push(git_ref.to_string()),
         }
     }
     if refs.len() < 2 {
         bail!("{USAGE}: a baseline and at least one candidate");
+    }
+    if let Some(stray) = bench_only.iter().find(|r| !refs[1..].contains(r)) {
+        bail!("--bench-only {stray}: not a candidate of this round ({USAGE})");
     }
     let names: Vec<String> = refs.iter().map(|r| variant_name(r)).collect();
     if names.iter().collect::<BTreeSet<_>>().len() != names.len() {
@@ -87,7 +97,7 @@ pub(crate) fn ab_round(args: &[String]) -> Result<()> {
         let bench = bench.into_iter().find(|(target, _)| target == "purlin-bench").context("no purlin-bench built")?;
         copy_stripped(&bench.1, &out.join(format!("purlin-bench-{name}")))?;
 
-        if i > 0 {
+        if i > 0 && !bench_only.contains(git_ref) {
             for (package, test) in CANDIDATE_TESTS {
                 let tests =
                     build(&tree, &build_dir, &["test", "--release", "-p", package, "--no-run", "--test", test])?;
