@@ -46,13 +46,13 @@ struct Runtime {
   u64 control;             // this rank's poison word and failure record
   u64 timeout_ns;          // bound of every wait
   u64 trace;               // debug trace (0: off): per block, trace_capacity entries of 5 words
-  u64 trace_capacity;
+  u32 trace_capacity;  // trace entries per block
+  u32 call_number;     // this rank's count of launched calls, this one included (the call check; 0: off)
   u64 peer_output[kMaxWorld];  // every rank's registered output, as mapped here (one-copy plans)
   u64 peer_input[kMaxWorld];   // every rank's registered input, as mapped here (one-copy plans)
-  u64 call_number;             // this rank's count of launched calls, this one included (the call check; 0: off)
 };
-// ExecRuntime's size (kernels.rs EXEC_RUNTIME_BYTES): 2 + 5 * 16 + 7 words.
-static_assert(sizeof(Runtime) == 8 * (2 + 5 * kMaxWorld + 7), "Runtime must match ExecRuntime");
+// ExecRuntime's size (kernels.rs EXEC_RUNTIME_BYTES): 2 + 5 * 16 + 6 words.
+static_assert(sizeof(Runtime) == 8 * (2 + 5 * kMaxWorld + 6), "Runtime must match ExecRuntime");
 
 template <u32 WORDS>
 struct ParamBlock {
@@ -119,10 +119,10 @@ __device__ __forceinline__ u32 space_rank(const u64* r) { return (u32)(r[0] & 0x
 // up to 0.16 (round 107). A kind past kPeerInput reads as a window, as the switch's default did.
 __device__ __forceinline__ u32 runtime_base_word(u32 kind, u32 rank) {
   // Runtime's layout in words (NVRTC has no offsetof): input, output, staging[16], window[16],
-  // flags[16], six single words, peer_output[16], peer_input[16], call_number.
+  // flags[16], six single words (the last: trace_capacity and call_number), peer_output[16], peer_input[16].
   constexpr u64 kStagingWord = 2, kWindowWord = kStagingWord + kMaxWorld;
   constexpr u64 kPeerOutputWord = kWindowWord + 2 * kMaxWorld + 6, kPeerInputWord = kPeerOutputWord + kMaxWorld;
-  static_assert(kPeerInputWord + kMaxWorld + 1 == sizeof(Runtime) / sizeof(u64), "Runtime's layout changed");
+  static_assert(kPeerInputWord + kMaxWorld == sizeof(Runtime) / sizeof(u64), "Runtime's layout changed");
   constexpr u64 kFirstWord = 0ull | 1ull << 8 | kStagingWord << 16 | kWindowWord << 24 | kPeerOutputWord << 32 |
                              kPeerInputWord << 40;
   const u32 k = kind > kPeerInput ? (u32)kWindow : kind;
@@ -419,7 +419,7 @@ __device__ __noinline__ void run_call_check(const ParamHeader* h, const Runtime*
   if (purlin::sync::poisoned(control) || h->magic != kParamMagic || h->version != kParamVersion) return;
   const u64 rank = h->rank, world = h->world;
   u64* mine = call_words(rt, rank);
-  const u64 number = rt->call_number & 0xffffffffull;
+  const u64 number = rt->call_number;
   const u64 word = number << 32 | (h->call_digest & 0xffffffffull);
   for (u64 p = 0; p < world; ++p) {
     if (p != rank) purlin::sync::st_relaxed_sys(call_words(rt, p) + rank, word);

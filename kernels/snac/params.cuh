@@ -1,5 +1,5 @@
 // The CUDA side of SNAC's run-time parameter block (crates/purlin-snac/src/params.rs,
-// layout version 4): a header of u64 fields, a block table (role | shape << 32, first
+// layout version 5): a header of u64 fields, a block table (role | shape << 32, first
 // record, steps) and the step records. A CI test compiles this header together with
 // static_asserts generated from the Rust side's field offsets (purlin_snac::params::c_header),
 // so the two cannot drift.
@@ -21,8 +21,8 @@ struct ParamHeader {
   u64 epoch_words;
   u64 input_bytes;
   u64 output_bytes;
-  u64 alias_kind;
-  u64 alias_offset;
+  u64 alias;  // offset << 2 | kind
+  u64 call_digest;
   u64 staging_bytes;
   u64 window_bytes;
   u64 flag_words;
@@ -30,11 +30,10 @@ struct ParamHeader {
   u64 max_coresident_blocks;
   u64 block_table;
   u64 total_words;
-  u64 call_digest;
 };
 
 constexpr u64 kParamMagic = 0x3152415043414e53ull;  // "SNACPAR1", little-endian
-constexpr u64 kParamVersion = 4;
+constexpr u64 kParamVersion = 5;
 
 // Opcodes of step records.
 enum Op : unsigned int {

@@ -236,7 +236,9 @@ impl Comm {
             peers.fill(&mut rt);
             rt.call_number = self.next_call_number();
             rt.trace = trace_ptr;
-            rt.trace_capacity = capacity as u64;
+            // Below 2^32: capacity × TRACE_WORDS × grid is at most MAX_TRACE_WORDS (checked above).
+            rt.trace_capacity = u32::try_from(capacity)
+                .map_err(|_| Error::Unsupported(format!("conformance: a trace of {capacity} entries per block")))?;
             // SAFETY: `in_ptr`/`out_ptr` come from cudarc buffers on this GPU holding at least
             // the plan's input and output bytes (checked above), alive while the caller's
             // borrows last and ordered by cudarc's stream events; the trace buffer holds

@@ -54,19 +54,21 @@ pub struct ExecRuntime {
     /// Debug trace buffer (0: off).
     pub trace: u64,
     /// Trace entries per block.
-    pub trace_capacity: u64,
+    pub trace_capacity: u32,
+    /// This rank's count of launched calls, this one included: the call check's number
+    /// (kernels/snac/exec.cuh `run_call_check`); 0: no check, no check block. It shares a
+    /// word with `trace_capacity` so that every word the plan reads keeps its pre-check offset
+    /// in the constant bank (round 148).
+    pub call_number: u32,
     /// Every rank's registered output as mapped here (one-copy plans; own rank: `output`).
     pub peer_output: [u64; MAX_WORLD],
     /// Every rank's registered input as mapped here (one-copy plans; own rank: `input`).
     pub peer_input: [u64; MAX_WORLD],
-    /// This rank's count of launched calls, this one included, below 2^32: the call check's
-    /// number (kernels/snac/exec.cuh `run_call_check`); 0: no check, no check block.
-    pub call_number: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<ExecRuntime>() == EXEC_RUNTIME_BYTES);
 
-// SAFETY: ExecRuntime is #[repr(C)], made only of u64s, and matches the kernel's
+// SAFETY: ExecRuntime is #[repr(C)], made of u64s and one pair of u32s (no padding), and matches the kernel's
 // `Runtime` parameter field for field (size checked above, offsets by the order).
 unsafe impl DeviceRepr for ExecRuntime {}
 

@@ -66,7 +66,7 @@ pub const EXEC_PARAM_WORDS: usize = 3968;
 
 const _: () = assert!(EXEC_PARAM_WORDS * 8 + EXEC_RUNTIME_BYTES <= 32_764);
 /// Size of the executor's `Runtime` kernel parameter (`kernels/snac/executor.cu`).
-pub const EXEC_RUNTIME_BYTES: usize = 8 * (2 + 5 * 16 + 7);
+pub const EXEC_RUNTIME_BYTES: usize = 8 * (2 + 5 * 16 + 6);
 
 /// The compile-time part of an executor kernel (the kernel key's datapath half; the plan
 /// itself is interpreted from the parameter block).

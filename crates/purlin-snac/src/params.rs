@@ -1,7 +1,7 @@
 //! The run-time parameter block: a plan's numbers as a flat array of little-endian `u64`
 //! words, read by the device executor as a `__grid_constant__` kernel parameter.
 //!
-//! # Layout (version 4)
+//! # Layout (version 5)
 //!
 //! Words `0..HEADER_WORDS` are [`ParamHeader`], a `#[repr(C)]` struct of `u64` fields whose
 //! byte offsets [`header_fields`] lists (and [`c_header`] turns into a C struct with
@@ -45,8 +45,9 @@ use crate::plan::{
 /// `"SNACPAR1"` as a little-endian word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SNACPAR1");
 /// Layout version (2: shared stages and ticket resets; 3: shape indices in the block table;
-/// 4: the call digest).
-pub const VERSION: u64 = 4;
+/// 4: the call digest; 5: the alias in one word and the digest in the other, so that the
+/// header is 19 words again).
+pub const VERSION: u64 = 5;
 /// Words in the header.
 pub const HEADER_WORDS: usize = std::mem::size_of::<ParamHeader>() / 8;
 
@@ -65,9 +66,13 @@ pub struct ParamHeader {
     pub epoch_words: u64,
     pub input_bytes: u64,
     pub output_bytes: u64,
-    /// 0 none, 1 input in output, 2 output in input.
-    pub alias_kind: u64,
-    pub alias_offset: u64,
+    /// `offset << 2 | kind`, kind 0 none, 1 input in output, 2 output in input ([`Alias`]).
+    /// One word for both, so that `call_digest` takes a word no executor reads and the words
+    /// they read keep their pre-check offsets (round 148).
+    pub alias: u64,
+    /// [`Plan::call_digest`]: what every rank's plan of one call agrees on. The executors
+    /// exchange it at every call and fail a call whose ranks' digests differ.
+    pub call_digest: u64,
     pub staging_bytes: u64,
     pub window_bytes: u64,
     pub flag_words: u64,
@@ -77,9 +82,6 @@ pub struct ParamHeader {
     pub block_table: u64,
     /// Total words of the parameter block.
     pub total_words: u64,
-    /// [`Plan::call_digest`]: what every rank's plan of one call agrees on. The executors
-    /// exchange it at every call and fail a call whose ranks' digests differ.
-    pub call_digest: u64,
 }
 
 macro_rules! fields {
@@ -110,16 +112,15 @@ fields!(
     epoch_words,
     input_bytes,
     output_bytes,
-    alias_kind,
-    alias_offset,
+    alias,
+    call_digest,
     staging_bytes,
     window_bytes,
     flag_words,
     counter_words,
     max_coresident_blocks,
     block_table,
-    total_words,
-    call_digest
+    total_words
 );
 
 /// C source of the header struct with one `static_assert(offsetof(...) == N)` per field, for
@@ -347,10 +348,10 @@ pub fn encode(plan: &Plan) -> Vec<u64> {
         Advance::Fixed(v) => (0, v),
         Advance::AgreedMaxChunks { local } => (1, local),
     };
-    let (alias_kind, alias_offset) = match r.alias {
-        None => (0, 0),
-        Some(Alias::InputInOutput(o)) => (1, o),
-        Some(Alias::OutputInInput(o)) => (2, o),
+    let alias = match r.alias {
+        None => 0,
+        Some(Alias::InputInOutput(o)) => o << 2 | 1,
+        Some(Alias::OutputInInput(o)) => o << 2 | 2,
     };
     let mut h = ParamHeader {
         magic: MAGIC,
@@ -363,8 +364,8 @@ pub fn encode(plan: &Plan) -> Vec<u64> {
         epoch_words: r.epoch_words as u64,
         input_bytes: r.input_bytes,
         output_bytes: r.output_bytes,
-        alias_kind,
-        alias_offset,
+        alias,
+        call_digest: u64::from(plan.call_digest()),
         staging_bytes: r.staging_bytes,
         window_bytes: r.window_bytes,
         flag_words: r.flag_words as u64,
@@ -372,7 +373,6 @@ pub fn encode(plan: &Plan) -> Vec<u64> {
         max_coresident_blocks: plan.max_coresident_blocks as u64,
         block_table: HEADER_WORDS as u64,
         total_words: 0,
-        call_digest: u64::from(plan.call_digest()),
     };
     let table = HEADER_WORDS;
     let mut w = W(vec![0; table + 3 * plan.blocks.len()]);

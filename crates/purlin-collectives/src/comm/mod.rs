@@ -1017,11 +1017,13 @@ impl Comm {
     /// The call check's number for the next launch (`Runtime::call_number`): every rank
     /// counts its launches, so ranks that make the same calls number them alike; 0 (no
     /// check block) where the check is off.
-    pub(crate) fn next_call_number(&self) -> u64 {
+    pub(crate) fn next_call_number(&self) -> u32 {
         if !self.call_check {
             return 0;
         }
-        (self.calls_launched.fetch_add(1, Ordering::Relaxed) % u64::from(u32::MAX)) + 1
+        // Below u32::MAX, so the conversion cannot fail; the +1 keeps 0 for "off".
+        let wrapped = self.calls_launched.fetch_add(1, Ordering::Relaxed) % u64::from(u32::MAX);
+        u32::try_from(wrapped).unwrap_or(0) + 1
     }
 
     /// The pointers of one call.
