@@ -68,7 +68,7 @@ pub struct ParamHeader {
     pub output_bytes: u64,
     /// `offset << 2 | kind`, kind 0 none, 1 input in output, 2 output in input ([`Alias`]).
     /// One word for both, so that `call_digest` takes a word no executor reads and the words
-    /// they read keep their pre-check offsets (round 148).
+    /// they read keep their pre-check offsets (round 149 measured what moving them costs).
     pub alias: u64,
     /// [`Plan::call_digest`]: what every rank's plan of one call agrees on. The executors
     /// exchange it at every call and fail a call whose ranks' digests differ.
