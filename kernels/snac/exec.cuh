@@ -409,9 +409,10 @@ __device__ __forceinline__ u64* call_words(const Runtime* rt, u64 rank) {
 // past this rank's means the peer finished this call, and so compared the digests already.
 // A captured graph replays its calls' numbers, unique per call site, so a word stale from an
 // earlier replay carries the same digest: no false mismatch. (Round 145: counting in device
-// memory instead cost the same, 0.05-0.3 us on small graph calls.) Out of line: inlined, its
-// 3.3 KB of code sat between the entry's branch and the plan's first step, so every plan
-// block jumped over it to start (round 146: small graph calls +0.2 us with the check off).
+// memory instead cost the same, 0.05-0.3 us on small graph calls.) Out of line, so that its
+// 3.3 KB of code does not sit between the entry's branch and the plan's first step. That was
+// the first suspect for small graph calls' +0.2 us with the check off (round 146); the cause
+// measured was the parameter words' 8-byte shift (round 149, params.rs VERSION 5).
 __device__ __noinline__ void run_call_check(const ParamHeader* h, const Runtime* rt) {
   if (purlin::atom::tid() != 0) return;  // one thread does it all
   u64* control = (u64*)rt->control;
