@@ -68,8 +68,9 @@ pub struct ExecRuntime {
 
 const _: () = assert!(std::mem::size_of::<ExecRuntime>() == EXEC_RUNTIME_BYTES);
 
-// SAFETY: ExecRuntime is #[repr(C)], made of u64s and one pair of u32s (no padding), and matches the kernel's
-// `Runtime` parameter field for field (size checked above, offsets by the order).
+// SAFETY: ExecRuntime is #[repr(C)], made of u64s and one pair of u32s (no padding), and
+// matches the kernel's `Runtime` parameter field for field (size checked above, offsets by
+// the order).
 unsafe impl DeviceRepr for ExecRuntime {}
 
 /// The plan's parameter block, passed by value (the kernel's `ParamBlock<PURLIN_PARAM_WORDS>`).

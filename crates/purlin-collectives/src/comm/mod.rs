@@ -1021,9 +1021,9 @@ impl Comm {
         if !self.call_check {
             return 0;
         }
-        // Below u32::MAX, so the conversion cannot fail; the +1 keeps 0 for "off".
-        let wrapped = self.calls_launched.fetch_add(1, Ordering::Relaxed) % u64::from(u32::MAX);
-        u32::try_from(wrapped).unwrap_or(0) + 1
+        // 1..=u32::MAX, cycling: the remainder fits a u32, and the +1 keeps 0 for "off".
+        let launched = self.calls_launched.fetch_add(1, Ordering::Relaxed);
+        (launched % u64::from(u32::MAX)) as u32 + 1
     }
 
     /// The pointers of one call.
