@@ -11,7 +11,7 @@ fn warm_lookup(c: &mut Criterion) {
     }
     let dir = std::env::temp_dir().join(format!("purlin-bench-cache-{}", std::process::id()));
     let cache = KernelCache::new(&dir);
-    let unit = purlin_collectives::kernels::smoke_unit();
+    let unit = purlin_collectives::internal::kernels::smoke_unit();
     cache.get_or_compile(&unit, Arch::SM90).expect("compile once");
     c.bench_function("kernel_cache_warm_lookup_sm90", |b| {
         b.iter(|| cache.get_or_compile(&unit, Arch::SM90).expect("cached"))

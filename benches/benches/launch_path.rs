@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use purlin_benches::cli;
 use purlin_benches::spec::{Case, Collective, Dtype, Op};
+use purlin_collectives::internal::tuning::{PlanLimits, Tuning, plan_config, plan_for};
 use purlin_collectives::snac::{CollectiveSpec, DataType, PacketFormat, ReduceOp as SnacOp};
-use purlin_collectives::tuning::{PlanLimits, Tuning, plan_config, plan_for};
 use purlin_collectives::{CpuComm, CpuConfig, ReduceOp};
 
 /// The GPU communicator's limits with the default workspace (16 MiB staging, 4 MiB window)
@@ -79,12 +79,15 @@ fn plan_lookup(c: &mut Criterion) {
         let cfg = plan_config(&spec, false, &host.tuning, &host.limits());
         // The first lookup verifies the plan set (once per key per process); later ones hit
         // the cache, as every call after a communicator's first of that shape does.
-        if let Err(e) = purlin_collectives::cpu::verified(&spec, &cfg, &host.verify) {
+        if let Err(e) = purlin_collectives::internal::verified::verified(&spec, &cfg, &host.verify) {
             eprintln!("plan_lookup: {name}: {e}; skipped");
             continue;
         }
         g.bench_function(format!("cpu_verified_warm/{name}"), |b| {
-            b.iter(|| purlin_collectives::cpu::verified(black_box(&spec), &cfg, &host.verify).map(|v| v.plans.len()))
+            b.iter(|| {
+                purlin_collectives::internal::verified::verified(black_box(&spec), &cfg, &host.verify)
+                    .map(|v| v.plans.len())
+            })
         });
     }
     g.finish();

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
+use purlin_collectives::internal::Call;
 use purlin_collectives::snac::{CollectiveSpec, DataType};
 use purlin_collectives::{CpuComm, CpuConfig, CpuSymmetricBuffer};
 
@@ -130,30 +131,31 @@ pub fn data_type(d: Dtype) -> DataType {
     }
 }
 
-/// The collective spec of `case` (the same on every rank), as `CpuComm`'s typed methods make
-/// it: counts from the case's layout, the communicator's reduction mode.
-pub fn spec_of(case: &Case, comm: &CpuComm) -> CollectiveSpec {
-    let (w, dt) = (case.world as u32, data_type(case.dtype));
-    let op = || purlin_collectives::snac::ReduceOp::from(&crate::purlin::op(case.op));
+/// The collective spec of `case` (the same on every rank): the call `CpuComm`'s typed method
+/// would make ([`Call`], the one mapping from a call to a spec), in the communicator's mode.
+pub fn spec_of(case: &Case, comm: &CpuComm) -> Result<CollectiveSpec, purlin_collectives::Error> {
+    let op = || crate::purlin::op(case.op);
     let u = |v: &[usize]| v.iter().map(|&c| c as u64).collect::<Vec<u64>>();
-    // AllGather's contribution, ReduceScatter's partition, AllToAll's pair: count / world.
-    let per_rank = (case.count / case.world.max(1)) as u64;
-    let spec = match case.collective {
-        Collective::AllReduce => CollectiveSpec::all_reduce(w, dt, op(), case.count as u64),
-        Collective::AllGather => CollectiveSpec::all_gather(w, dt, per_rank),
-        Collective::ReduceScatter => CollectiveSpec::reduce_scatter(w, dt, op(), per_rank),
+    let matrix = || case.matrix.iter().map(|r| u(r)).collect();
+    // AllGather's contribution, ReduceScatter's partition: count / world.
+    let per_rank = case.count / case.world.max(1);
+    // Broadcast and Reduce: the root's part is the only nonzero one.
+    let root = || case.parts().iter().position(|&n| n > 0).unwrap_or(0);
+    let call = match case.collective {
+        Collective::AllReduce => Call::AllReduce { len: case.count, op: op() },
+        Collective::AllGather => Call::AllGather { len: per_rank },
+        Collective::ReduceScatter => Call::ReduceScatter { len: per_rank, op: op() },
         // Every pair moves `count / world` elements (the case's matrix is uniform).
-        Collective::AllToAll => CollectiveSpec::all_to_all(w, dt, per_rank),
-        Collective::AllGatherV => CollectiveSpec::all_gather_v(w, dt, u(case.parts())),
-        Collective::ReduceScatterV => CollectiveSpec::reduce_scatter_v(w, dt, op(), u(case.parts())),
-        Collective::AllToAllV => CollectiveSpec::all_to_all_v(w, dt, case.matrix.iter().map(|r| u(r)).collect()),
-        // As `CpuComm::broadcast` and `reduce` make them: the root's part only.
-        Collective::Broadcast => CollectiveSpec::all_gather_v(w, dt, u(case.parts())),
-        Collective::Reduce => CollectiveSpec::reduce_scatter_v(w, dt, op(), u(case.parts())),
+        Collective::AllToAll => Call::AllToAll { len: case.count },
+        Collective::AllGatherV => Call::AllGatherV { counts: u(case.parts()) },
+        Collective::ReduceScatterV => Call::ReduceScatterV { counts: u(case.parts()), op: op() },
+        Collective::AllToAllV => Call::AllToAllV { counts: matrix() },
+        Collective::Broadcast => Call::Broadcast { len: case.count, root: root() },
+        Collective::Reduce => Call::Reduce { len: case.count, op: op(), root: root() },
         // The ring's AllToAllV; `enqueue` runs `CpuComm::send_recv`, which at world 2 is it.
-        Collective::SendRecv => CollectiveSpec::all_to_all_v(w, dt, case.matrix.iter().map(|r| u(r)).collect()),
+        Collective::SendRecv => Call::AllToAllV { counts: matrix() },
     };
-    spec.with_mode(comm.config().mode)
+    Ok(call.spec(case.world, comm.rank(), data_type(case.dtype))?.with_mode(comm.config().mode))
 }
 
 impl Backend for HostPurlin {
@@ -186,7 +188,7 @@ impl Backend for HostPurlin {
                 "buffers of {send_cap}/{recv_cap} bytes for a call of {in_bytes}/{out_bytes}"
             )));
         }
-        let spec = spec_of(case, &self.comm);
+        let spec = spec_of(case, &self.comm).map_err(crate::purlin::map_err)?;
         let (to, from) = ((r + 1) % case.world, (r + case.world - 1) % case.world);
         if let Some((send, recv)) = &mut self.symmetric {
             // The sweep fills and reads these through their addresses between calls; the call
@@ -196,15 +198,19 @@ impl Backend for HostPurlin {
             return match in_place {
                 Some(bytes) => {
                     len(recv, bytes)?;
-                    self.comm.execute_bytes_in_place(&spec, recv).map_err(crate::purlin::map_err)
+                    self.comm.execute_bytes_in_place(&spec, recv).map(drop).map_err(crate::purlin::map_err)
                 }
                 None => {
                     len(send, in_bytes)?;
                     len(recv, out_bytes)?;
                     if case.collective == Collective::SendRecv {
-                        return self.comm.send_recv(send, to, recv, from).map_err(crate::purlin::map_err);
+                        return self
+                            .comm
+                            .send_recv(send, to as i32, recv, from as i32)
+                            .map(drop)
+                            .map_err(crate::purlin::map_err);
                     }
-                    self.comm.execute_bytes(&spec, send, recv).map_err(crate::purlin::map_err)
+                    self.comm.execute_bytes(&spec, send, recv).map(drop).map_err(crate::purlin::map_err)
                 }
             };
         }
@@ -217,7 +223,7 @@ impl Backend for HostPurlin {
             // `self`; reached only through `HostDevice` between calls, and `&mut self` keeps
             // this the only access while the call runs.
             let buf = unsafe { std::slice::from_raw_parts_mut(self.recv.ptr.cast::<u8>(), bytes) };
-            return self.comm.execute_bytes_in_place(&spec, buf).map_err(crate::purlin::map_err);
+            return self.comm.execute_bytes_in_place(&spec, buf).map(drop).map_err(crate::purlin::map_err);
         }
         // SAFETY: both buffers are live allocations of at least these lengths (checked
         // above), owned by `self` and distinct; the sweep reaches them only through
@@ -230,9 +236,9 @@ impl Backend for HostPurlin {
             )
         };
         if case.collective == Collective::SendRecv {
-            return self.comm.send_recv(send, to, recv, from).map_err(crate::purlin::map_err);
+            return self.comm.send_recv(send, to as i32, recv, from as i32).map(drop).map_err(crate::purlin::map_err);
         }
-        self.comm.execute_bytes(&spec, send, recv).map_err(crate::purlin::map_err)
+        self.comm.execute_bytes(&spec, send, recv).map(drop).map_err(crate::purlin::map_err)
     }
 
     fn async_error(&self) -> Option<String> {

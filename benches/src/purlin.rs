@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
-use purlin_collectives::comm::NcclType;
+use purlin_collectives::NcclType;
 use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp, SymmetricBuffer};
 
 use crate::backend::{Backend, BackendKind, CallError};
@@ -52,7 +52,7 @@ pub fn comm_for_process(gpu: &Gpu, coord: &Coord, cfg: &Config) -> Result<Comm> 
         Vec::new()
     };
     let got = coord.broadcast_bytes(&mine)?;
-    let mut internal = [0 as std::ffi::c_char; purlin_collectives::id::ID_BYTES];
+    let mut internal = [0 as std::ffi::c_char; purlin_collectives::internal::ID_BYTES];
     if got.len() != internal.len() {
         bail!("rank 0 could not make a purlin Id");
     }

@@ -254,7 +254,7 @@ fn gpu_round(args: &[String]) -> Result<()> {
 
     // The sm_90 kernel cache, compiled here so the GPU machine loads CUBINs at once.
     let cache = purlin_atom::KernelCache::new(out.join("kernel-cache"));
-    let mut jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
+    let mut jobs: Vec<_> = purlin_collectives::internal::kernels::all_units(purlin_atom::Generation::Hopper)
         .into_iter()
         .filter(|unit| !lean || !(unit.name.contains("e4m3") || unit.name.contains("e5m2")))
         .map(|unit| (unit, purlin_atom::Arch::SM90))
@@ -262,9 +262,11 @@ fn gpu_round(args: &[String]) -> Result<()> {
     if !lean {
         // The executor on the generic Atom too (PURLIN_ATOM_GENERATION=generic measures it).
         jobs.extend(
-            purlin_collectives::kernels::executor_keys(purlin_atom::AtomSpec::new(purlin_atom::Generation::Generic))
-                .iter()
-                .map(|k| (k.unit(), purlin_atom::Arch::SM90)),
+            purlin_collectives::internal::kernels::executor_keys(purlin_atom::AtomSpec::new(
+                purlin_atom::Generation::Generic,
+            ))
+            .iter()
+            .map(|k| (k.unit(), purlin_atom::Arch::SM90)),
         );
         // The Atom's standalone kernels of every generation selectable on Hopper (its GPU
         // tests and atom_bench run them all).
@@ -357,7 +359,7 @@ fn cubin(args: &[String]) -> Result<()> {
 
 /// The runtime's Hopper units whose name contains `filter`, for sm_90.
 fn hopper_units(filter: &str) -> Result<Vec<(purlin_atom::TranslationUnit, purlin_atom::Arch)>> {
-    let jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
+    let jobs: Vec<_> = purlin_collectives::internal::kernels::all_units(purlin_atom::Generation::Hopper)
         .into_iter()
         .filter(|unit| unit.name.contains(filter))
         .map(|unit| (unit, purlin_atom::Arch::SM90))

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaContext, CudaStream};
-use purlin_collectives::comm::{Comm, CommConfig, ReduceOp};
-use purlin_collectives::device::mem_info;
-use purlin_collectives::{Error, id::TorchEnv};
+use purlin_collectives::internal::ipc::mem_info;
+use purlin_collectives::{Comm, CommConfig, ReduceOp};
+use purlin_collectives::{Error, TorchEnv};
 
 const DEVICE_TIMEOUT: Duration = Duration::from_secs(2);
 const LEAK_TOLERANCE: usize = 8 << 20;
@@ -32,10 +32,10 @@ fn config() -> Result<CommConfig> {
 }
 
 fn stream(env: &TorchEnv) -> Result<Arc<CudaStream>> {
-    if !purlin_collectives::topo::driver_present() {
+    if !purlin_collectives::driver_present() {
         bail!("no CUDA driver");
     }
-    let ordinal = env.device_ordinal(purlin_collectives::topo::device_count())?;
+    let ordinal = env.device_ordinal(purlin_collectives::device_count())?;
     let ctx = CudaContext::new(ordinal).with_context(|| format!("CUDA context on GPU {ordinal}"))?;
     Ok(ctx.new_stream()?)
 }
@@ -50,7 +50,10 @@ fn ping_all(c: &Comm, rounds: u32) -> Result<Vec<String>> {
                 continue;
             }
             let peer = if c.rank() == i { j } else { i };
-            let p = c.ping_pong(peer, rounds, DEVICE_TIMEOUT).with_context(|| format!("ping-pong with rank {peer}"))?;
+            let p = c
+                .diag()
+                .ping_pong(peer, rounds, DEVICE_TIMEOUT)
+                .with_context(|| format!("ping-pong with rank {peer}"))?;
             if p.initiator {
                 lines.push(format!("ping-pong {i}<->{j}: {} rounds, round trip {:.2} us", p.rounds, p.round_trip_us));
             }
@@ -72,10 +75,10 @@ fn run(env: &TorchEnv, cycles: usize) -> Result<()> {
         comm.ordinal(),
         comm.device().name,
         comm.device().compute_capability,
-        comm.coresidency().smoke_pingpong
+        comm.diag().coresidency().smoke_pingpong
     );
     if rank == 0 {
-        println!("{}", comm.workspace_layout().report());
+        println!("{}", comm.diag().workspace_layout().report());
     }
     for line in ping_all(&comm, 10_000)? {
         println!("COMM_CHECK rank {rank}: {line}");

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
-use purlin_collectives::comm::{Comm, CommConfig};
-use purlin_collectives::conformance::TimedBlock;
+use purlin_collectives::internal::conformance::TimedBlock;
+use purlin_collectives::{Comm, CommConfig};
 use purlin_snac::{CollectiveSpec, DataType, Plan, ReduceOp, Role, Step};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -176,7 +176,7 @@ fn main() -> Result<()> {
     // PURLIN_SHARED_GPU=1: both ranks on GPU 0 (steps and spans, no NVLink figure).
     let config = CommConfig::from_env()?;
     let ordinals = if config.shared_gpu { [0, 0] } else { [0, 1] };
-    let gpus = if purlin_collectives::topo::driver_present() { purlin_collectives::topo::device_count() } else { 0 };
+    let gpus = if purlin_collectives::driver_present() { purlin_collectives::device_count() } else { 0 };
     if gpus <= ordinals[1] {
         bail!("gate_timeline needs 2 GPUs (or PURLIN_SHARED_GPU=1 and one)");
     }

@@ -33,8 +33,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
-use purlin_collectives::comm::{Comm, CommConfig, KernelRequest, ReduceOp};
-use purlin_collectives::id::TorchEnv;
+use purlin_collectives::TorchEnv;
+use purlin_collectives::internal::KernelRequest;
+use purlin_collectives::{Comm, CommConfig, ReduceOp};
 
 const CALLS: usize = 200;
 const REPLAYS: usize = 40;
@@ -97,7 +98,7 @@ fn config() -> Result<CommConfig> {
     c.kernels = FUNCTIONS
         .iter()
         .map(|f| KernelRequest {
-            unit: purlin_collectives::kernels::latency_floor_unit(),
+            unit: purlin_collectives::internal::kernels::latency_floor_unit(),
             function: (*f).into(),
             block_size: 512,
             dynamic_smem: 0,
@@ -115,15 +116,15 @@ fn open(ordinal: usize) -> Result<Arc<CudaStream>> {
 }
 
 fn comms() -> Result<Vec<Comm>> {
-    if !purlin_collectives::topo::driver_present() {
+    if !purlin_collectives::driver_present() {
         bail!("latency_floor needs a GPU (no CUDA driver here)");
     }
     if std::env::var_os("WORLD_SIZE").is_some() {
         let env = TorchEnv::from_process()?;
-        let stream = open(env.device_ordinal(purlin_collectives::topo::device_count())?)?;
+        let stream = open(env.device_ordinal(purlin_collectives::device_count())?)?;
         Ok(vec![Comm::from_env_with_stream(stream, config()?).context("Comm::from_env")?])
     } else {
-        let streams = (0..purlin_collectives::topo::device_count()).map(open).collect::<Result<Vec<_>>>()?;
+        let streams = (0..purlin_collectives::device_count()).map(open).collect::<Result<Vec<_>>>()?;
         Comm::from_devices_with_config(streams, config()?).context("Comm::from_devices")
     }
 }
@@ -145,7 +146,7 @@ impl Rank {
     }
 
     fn addr(&self, rank: usize, offset: usize) -> u64 {
-        self.comm.workspace_addrs()[rank] + offset as u64
+        self.comm.diag().workspace_addrs()[rank] + offset as u64
     }
 
     /// One launch of `kernel` in `shape` on this rank's stream (captured by the caller).
@@ -163,14 +164,14 @@ impl Rank {
                 return Ok(());
             }
         };
-        let f = &self.comm.kernel(name).context("a floor kernel was not loaded")?.function;
+        let f = &self.comm.diag().kernel(name).context("a floor kernel was not loaded")?.function;
         if shape.smem > 48 << 10 {
             f.set_attribute(
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shape.smem as i32,
             )?;
         }
-        let layout = self.comm.workspace_layout();
+        let layout = self.comm.diag().workspace_layout();
         let (me, peer) = (self.comm.rank(), 1 - self.comm.rank());
         // Scratch in this experiment's own staging (no collective runs while it does):
         // packet slots at 0, entry epochs at 4096, the exchange's epoch at 8192.
@@ -250,7 +251,7 @@ fn measure(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64> {
     let replay = |ranks: &[Rank], graphs: &[CudaGraph]| -> Result<f64> {
         // One rank per process (torchrun): start together. One process drives all ranks.
         if let [r] = ranks {
-            r.comm.host().barrier("latency_floor replay")?;
+            r.comm.diag().host().barrier("latency_floor replay")?;
         }
         let t0 = Instant::now();
         for (r, g) in ranks.iter().zip(graphs) {
@@ -273,7 +274,7 @@ fn measure_eager(ranks: &mut [Rank], kernel: Kernel, shape: Shape) -> Result<f64
     let big = Box::new(BigParams { w: [0; PARAM_WORDS] });
     median_of_runs(|| {
         if let [r] = &ranks[..] {
-            r.comm.host().barrier("latency_floor eager")?;
+            r.comm.diag().host().barrier("latency_floor eager")?;
         }
         let t0 = Instant::now();
         for _ in 0..CALLS {
@@ -370,8 +371,8 @@ fn main() -> Result<()> {
     // The same run's ping-pong through this workspace (lower rank initiates).
     let rtt = if ranks.len() == 2 {
         let launches = [
-            ranks[0].comm.launch_ping_pong(1, 20_000, DEVICE_TIMEOUT)?,
-            ranks[1].comm.launch_ping_pong(0, 20_000, DEVICE_TIMEOUT)?,
+            ranks[0].comm.diag().launch_ping_pong(1, 20_000, DEVICE_TIMEOUT)?,
+            ranks[1].comm.diag().launch_ping_pong(0, 20_000, DEVICE_TIMEOUT)?,
         ];
         let mut rtt = 0.0;
         for l in launches {
@@ -383,7 +384,7 @@ fn main() -> Result<()> {
         rtt
     } else {
         let c = &ranks[0].comm;
-        c.ping_pong(1 - c.rank(), 20_000, DEVICE_TIMEOUT)?.round_trip_us
+        c.diag().ping_pong(1 - c.rank(), 20_000, DEVICE_TIMEOUT)?.round_trip_us
     };
     let get = |n: &str| results.iter().find(|(k, _)| *k == n).map_or(f64::NAN, |(_, v)| *v);
     println!(

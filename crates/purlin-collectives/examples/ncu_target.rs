@@ -25,7 +25,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use purlin_collectives::ReduceOp;
-use purlin_collectives::comm::{Comm, CommConfig};
+use purlin_collectives::{Comm, CommConfig};
 
 const WORLD: usize = 2;
 
@@ -108,7 +108,7 @@ fn main() -> Result<()> {
     let symmetric = args.iter().any(|a| a == "--symmetric");
     let config = CommConfig::from_env()?;
     let ordinals = if config.shared_gpu { [0, 0] } else { [0, 1] };
-    let gpus = if purlin_collectives::topo::driver_present() { purlin_collectives::topo::device_count() } else { 0 };
+    let gpus = if purlin_collectives::driver_present() { purlin_collectives::device_count() } else { 0 };
     if gpus <= ordinals[1] {
         bail!("ncu_target needs 2 GPUs (or PURLIN_SHARED_GPU=1 and one)");
     }

@@ -156,10 +156,10 @@ fn main() -> Result<ExitCode> {
     if under_torchrun {
         return torchrun();
     }
-    let gpus = if purlin_collectives::topo::driver_present() { purlin_collectives::topo::device_count() } else { 0 };
+    let gpus = if purlin_collectives::driver_present() { purlin_collectives::device_count() } else { 0 };
     match gpus {
         0 => host_executor("no GPU here"),
         1 => host_executor("one GPU here (collectives on GPUs need two or more)"),
-        n => all_local_gpus(n.min(purlin_collectives::topo::MAX_WORLD)),
+        n => all_local_gpus(n.min(purlin_collectives::MAX_WORLD)),
     }
 }

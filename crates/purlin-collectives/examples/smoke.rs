@@ -19,7 +19,7 @@ fn sanitizer_control(cache: &KernelCache) -> anyhow::Result<()> {
     let ctx = CudaContext::new(0).context("CUDA context on GPU 0")?;
     let (major, minor) = ctx.compute_capability()?;
     let compiled = cache.get_or_compile(
-        &purlin_collectives::kernels::smoke_unit(),
+        &purlin_collectives::internal::kernels::smoke_unit(),
         Arch { major: major as u32, minor: minor as u32 },
     )?;
     let module = ctx.load_module(Ptx::from_binary(compiled.cubin))?;
@@ -50,7 +50,7 @@ fn main() -> anyhow::Result<()> {
     }
     if purlin_topo::device_count() == 0 {
         println!("no CUDA GPU here: compiling the executor kernels for sm_90 with NVRTC only");
-        let jobs: Vec<_> = purlin_collectives::kernels::all_units(purlin_atom::Generation::Hopper)
+        let jobs: Vec<_> = purlin_collectives::internal::kernels::all_units(purlin_atom::Generation::Hopper)
             .into_iter()
             .map(|unit| (unit, Arch::SM90))
             .collect();
@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<()> {
         println!("cached in {}", cache.dir().display());
         return Ok(());
     }
-    let report = purlin_collectives::smoke::run(&cache)?;
+    let report = purlin_collectives::internal::smoke::run(&cache)?;
     for d in &report.devices {
         println!("gpu{} {} {}: kernel ran, {} elements checked", d.ordinal, d.name, d.arch, d.elements_checked);
     }

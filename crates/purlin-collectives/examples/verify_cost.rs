@@ -11,10 +11,10 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use purlin_collectives::kernels::EXEC_PARAM_WORDS;
-use purlin_collectives::tuning::{PlanLimits, Tuning, plan_fitting};
-use purlin_collectives::verification::{default_budget, verified};
-use purlin_collectives::workspace::WorkspaceConfig;
+use purlin_collectives::internal::kernels::EXEC_PARAM_WORDS;
+use purlin_collectives::internal::tuning::{PlanLimits, Tuning, plan_fitting};
+use purlin_collectives::internal::verified::{default_budget, verified};
+use purlin_collectives::internal::workspace::WorkspaceConfig;
 use purlin_snac::verify::Options;
 use purlin_snac::{CollectiveSpec, DataType, PacketFormat, ReduceOp};
 

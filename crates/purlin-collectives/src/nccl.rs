@@ -5,9 +5,10 @@
 //! `NcclError`), statuses are [`Status`] (cudarc's `NcclStatus`), and `Id::new` makes a
 //! Purlin id (it names a Unix socket, not an NCCL bootstrap).
 
-pub use crate::comm::{Comm, CommConfig, DataType, Group, NcclType, ReduceOp, Status, group_end, group_start};
+pub use crate::bootstrap::Id;
+pub use crate::call::types::{DataType, NcclType, ReduceOp, Status};
 pub use crate::error::Error;
-pub use crate::id::Id;
+pub use crate::gpu::comm::{Comm, CommConfig, Group, group_end, group_start};
 
 /// cudarc's name for [`Status`].
 pub type NcclStatus = Status;

@@ -21,8 +21,8 @@
 
 use std::fmt::Write as _;
 
+use crate::bootstrap::HostComm;
 use crate::error::Error;
-use crate::host::HostComm;
 
 /// Alignment of every region (a page: keeps regions apart for the TLB and bulk copies).
 pub const REGION_ALIGN: usize = 4096;

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use common::{Kid, ROLE, role, torchrun_env};
 use cudarc::driver::{CudaContext, CudaStream};
-use purlin_collectives::comm::{Comm, CommConfig, KernelRequest};
-use purlin_collectives::device::mem_info;
+use purlin_collectives::internal::KernelRequest;
+use purlin_collectives::internal::ipc::mem_info;
+use purlin_collectives::{Comm, CommConfig};
 use purlin_collectives::{Error, Id};
 
 const HOST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -27,7 +28,7 @@ fn config() -> CommConfig {
 }
 
 fn need_two_gpus() {
-    let n = purlin_collectives::topo::device_count();
+    let n = purlin_collectives::device_count();
     assert!(n >= 2, "needs 2 GPUs, found {n}");
 }
 
@@ -49,15 +50,15 @@ fn describe(c: &Comm) {
         c.ordinal(),
         d.name,
         d.compute_capability,
-        c.generation(),
+        c.diag().generation(),
         d.sm_count,
-        c.coresidency().smoke_pingpong_local,
-        c.coresidency().smoke_pingpong
+        c.diag().coresidency().smoke_pingpong_local,
+        c.diag().coresidency().smoke_pingpong
     );
-    assert!(c.coresidency().smoke_pingpong > 0);
-    assert!(c.coresidency().smoke_pingpong <= c.coresidency().smoke_pingpong_local);
+    assert!(c.diag().coresidency().smoke_pingpong > 0);
+    assert!(c.diag().coresidency().smoke_pingpong <= c.diag().coresidency().smoke_pingpong_local);
     if c.rank() == 0 {
-        println!("{}", c.workspace_layout().report());
+        println!("{}", c.diag().workspace_layout().report());
     }
 }
 
@@ -86,10 +87,10 @@ fn gpu_single_process_setup_pingpong_teardown() {
         c.async_error().expect("no async error after set-up");
     }
     // One process: both ranks see the same (direct) pointers.
-    assert_eq!(comms[0].workspace_addrs(), comms[1].workspace_addrs());
+    assert_eq!(comms[0].diag().workspace_addrs(), comms[1].diag().workspace_addrs());
     // The responder is launched first; one thread drives both GPUs.
-    let l1 = comms[1].launch_ping_pong(0, ROUNDS, DEVICE_TIMEOUT).expect("launch rank 1");
-    let l0 = comms[0].launch_ping_pong(1, ROUNDS, DEVICE_TIMEOUT).expect("launch rank 0");
+    let l1 = comms[1].diag().launch_ping_pong(0, ROUNDS, DEVICE_TIMEOUT).expect("launch rank 1");
+    let l0 = comms[0].diag().launch_ping_pong(1, ROUNDS, DEVICE_TIMEOUT).expect("launch rank 0");
     let p0 = l0.wait().expect("ping-pong rank 0");
     let p1 = l1.wait().expect("ping-pong rank 1");
     assert_eq!((p0.rounds, p1.rounds), (u64::from(ROUNDS), u64::from(ROUNDS)));
@@ -111,8 +112,8 @@ fn gpu_single_process_100_cycles_no_leak() {
     let streams = [stream(0), stream(1)];
     let cycle = || {
         let comms = Comm::from_devices_with_config(streams.to_vec(), config()).expect("from_devices");
-        let l1 = comms[1].launch_ping_pong(0, 10, DEVICE_TIMEOUT).unwrap();
-        let l0 = comms[0].launch_ping_pong(1, 10, DEVICE_TIMEOUT).unwrap();
+        let l1 = comms[1].diag().launch_ping_pong(0, 10, DEVICE_TIMEOUT).unwrap();
+        let l0 = comms[0].diag().launch_ping_pong(1, 10, DEVICE_TIMEOUT).unwrap();
         l0.wait().unwrap();
         l1.wait().unwrap();
     };
@@ -144,7 +145,7 @@ fn gpu_from_rank_on_threads_of_one_process() {
             .map(|rank| {
                 s.spawn(move || {
                     let c = Comm::from_rank_with_config(stream(rank), rank, 2, id, config()).expect("from_rank");
-                    let p = c.ping_pong(1 - rank, ROUNDS, DEVICE_TIMEOUT).expect("ping-pong");
+                    let p = c.diag().ping_pong(1 - rank, ROUNDS, DEVICE_TIMEOUT).expect("ping-pong");
                     let report = c.close();
                     assert!(report.met_peers && report.leaked_bytes == 0, "{report:?}");
                     p
@@ -162,14 +163,14 @@ fn rank_main(rank: usize, id: Id) {
     let t = Instant::now();
     // One extra kernel compiled, loaded and bounded at set-up (the executor's path).
     let fill = KernelRequest {
-        unit: purlin_collectives::kernels::smoke_unit(),
+        unit: purlin_collectives::internal::kernels::smoke_unit(),
         function: "purlin_smoke_fill".into(),
         block_size: 256,
         dynamic_smem: 0,
     };
     let cfg = CommConfig { kernels: vec![fill], ..config() };
     let c = Comm::from_rank_with_config(stream(rank), rank, 2, id, cfg).expect("from_rank");
-    let k = c.kernel("purlin_smoke_fill").expect("requested kernel loaded");
+    let k = c.diag().kernel("purlin_smoke_fill").expect("requested kernel loaded");
     println!(
         "COMM two-process rank {rank}: kernel purlin_smoke_fill (256 threads) co-residency bound {} here, {} agreed",
         k.coresident_local, k.coresident
@@ -177,17 +178,17 @@ fn rank_main(rank: usize, id: Id) {
     assert!(k.coresident > 0 && k.coresident <= k.coresident_local);
     println!("COMM two-process set-up, rank {rank}: {:?}", t.elapsed());
     describe(&c);
-    assert_ne!(c.workspace_addrs()[0], 0);
-    assert_ne!(c.workspace_addrs()[1], 0);
+    assert_ne!(c.diag().workspace_addrs()[0], 0);
+    assert_ne!(c.diag().workspace_addrs()[1], 0);
     // Zeroed before the handles were published; nobody has written yet (the barrier below
     // keeps the peer's ping-pong from starting before this check).
-    let total = c.workspace_layout().total_bytes;
-    let ws = c.read_own_workspace(0, total).expect("read workspace");
+    let total = c.diag().workspace_layout().total_bytes;
+    let ws = c.diag().read_own_workspace(0, total).expect("read workspace");
     assert!(ws.iter().all(|&b| b == 0), "rank {rank}: workspace not zero at set-up");
-    assert!(c.read_own_workspace(total - 8, 16).is_err());
-    c.host().barrier("zero check done").expect("barrier");
+    assert!(c.diag().read_own_workspace(total - 8, 16).is_err());
+    c.diag().host().barrier("zero check done").expect("barrier");
     println!("COMM two-process rank {rank}: all {total} workspace bytes zero after set-up");
-    let p = c.ping_pong(1 - rank, ROUNDS, DEVICE_TIMEOUT).expect("ping-pong");
+    let p = c.diag().ping_pong(1 - rank, ROUNDS, DEVICE_TIMEOUT).expect("ping-pong");
     assert_eq!(p.rounds, u64::from(ROUNDS));
     if p.initiator {
         println!(
@@ -218,7 +219,7 @@ fn gpu_two_processes_setup_pingpong_teardown() {
 fn cycles_main(rank: usize, id: Id, cycles: u64) {
     let cycle = |n: u64| {
         let c = Comm::from_rank_with_config(stream(rank), rank, 2, id.derive(n), config()).expect("from_rank");
-        c.ping_pong(1 - rank, 10, DEVICE_TIMEOUT).expect("ping-pong");
+        c.diag().ping_pong(1 - rank, 10, DEVICE_TIMEOUT).expect("ping-pong");
         let report = c.close();
         assert!(report.met_peers && report.leaked_bytes == 0, "cycle {n}: {report:?}");
     };
@@ -276,7 +277,7 @@ fn symmetric_cycles_main(rank: usize, id: Id, cycles: usize) {
         c.free_symmetric(input).expect("free the input");
         c.free_symmetric(output).expect("free the output");
         // Both ranks have freed theirs before either reads the (shared) GPU's free memory.
-        c.host().barrier("symmetric cycle done").expect("barrier");
+        c.diag().host().barrier("symmetric cycle done").expect("barrier");
         if cycle == 0 {
             baseline = free_bytes(ordinal);
         }
@@ -324,16 +325,16 @@ fn gpu_sigkilled_peer_gives_a_typed_timeout_naming_it() {
     println!("COMM sigkill: rank 0 killed after set-up");
 
     let t = Instant::now();
-    let e = c.ping_pong(0, 1, DEVICE_TIMEOUT).expect_err("the dead peer cannot answer");
+    let e = c.diag().ping_pong(0, 1, DEVICE_TIMEOUT).expect_err("the dead peer cannot answer");
     let waited = t.elapsed();
     println!("COMM sigkill: survivor's device wait ended after {waited:?}: {e}");
     assert!(matches!(e, Error::DeviceTimeout { rank: 1, peer: 0, .. }), "{e:?}");
     assert!(waited < DEVICE_TIMEOUT + Duration::from_secs(2), "took {waited:?}");
     assert!(matches!(c.async_error(), Err(Error::Poisoned(_))));
-    assert!(matches!(c.ping_pong(0, 1, DEVICE_TIMEOUT), Err(Error::Poisoned(_))));
+    assert!(matches!(c.diag().ping_pong(0, 1, DEVICE_TIMEOUT), Err(Error::Poisoned(_))));
 
     let t = Instant::now();
-    let e = c.host().barrier("after the kill").expect_err("the dead peer cannot meet");
+    let e = c.diag().host().barrier("after the kill").expect_err("the dead peer cannot meet");
     println!("COMM sigkill: survivor's host wait ended after {:?}: {e}", t.elapsed());
     assert!(matches!(e, Error::PeerLost { rank: 1, peer: 0, .. }), "{e:?}");
     assert!(t.elapsed() < Duration::from_secs(2));
@@ -362,13 +363,13 @@ fn gpu_from_env_as_under_torchrun() {
         println!("COMM from_env set-up, rank {}: {:?}", c.rank(), t.elapsed());
         assert_eq!(c.world_size(), 2);
         assert_eq!(c.ordinal(), c.rank());
-        let p = c.ping_pong(1 - c.rank(), ROUNDS, DEVICE_TIMEOUT).expect("ping-pong");
+        let p = c.diag().ping_pong(1 - c.rank(), ROUNDS, DEVICE_TIMEOUT).expect("ping-pong");
         if p.initiator {
             println!("COMM from_env ping-pong: round trip {:.2} us", p.round_trip_us);
         }
         // A second communicator of the same job meets on the next name.
         let c2 = Comm::from_env().expect("second from_env");
-        c2.ping_pong(1 - c.rank(), 10, DEVICE_TIMEOUT).expect("ping-pong on the second");
+        c2.diag().ping_pong(1 - c.rank(), 10, DEVICE_TIMEOUT).expect("ping-pong on the second");
         assert!(c2.close().met_peers);
         assert!(c.close().met_peers);
         return;

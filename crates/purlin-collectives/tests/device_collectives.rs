@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use purlin_atom::{F8E4M3, F8E5M2};
-use purlin_collectives::tuning::Tuning;
+use purlin_collectives::internal::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp, SymmetricBuffer};
 use purlin_snac::{Regime, StagingSide};
 
@@ -17,7 +17,7 @@ use gpu_support::{Coll, Rng};
 
 /// Element types the test drives, with exact conversions for small integers.
 trait Elem:
-    purlin_collectives::comm::NcclType
+    purlin_collectives::NcclType
     + DeviceRepr
     + ValidAsZeroBits
     + Copy
@@ -570,7 +570,11 @@ fn symmetric_buffers_free_together_and_give_the_memory_back() {
     let world = comms.len();
     let (n, mut wrong, mut one_copy) = (4 << 20, 0, 0);
     let free_memory = || -> usize {
-        g.streams.iter().map(|s| purlin_collectives::device::mem_info(s.context()).expect("mem info").0).min().unwrap()
+        g.streams
+            .iter()
+            .map(|s| purlin_collectives::internal::ipc::mem_info(s.context()).expect("mem info").0)
+            .min()
+            .unwrap()
     };
     let mut baseline = 0;
     for cycle in 0..8 {
@@ -878,9 +882,9 @@ fn send_recv_and_groups_exchange_at_world_2() {
     }
     // Between the free group_start/group_end a lone send is refused before anything runs
     // (run one by one, an exchange's halves would meet the peer's in the wrong order).
-    purlin_collectives::comm::group_start().expect("group_start");
+    purlin_collectives::group_start().expect("group_start");
     let refused = comms[0].send(&bufs[0][0], 1);
-    purlin_collectives::comm::group_end().expect("group_end");
+    purlin_collectives::group_end().expect("group_end");
     assert!(matches!(refused, Err(purlin_collectives::Error::Unsupported(_))), "{refused:?}");
     comms[0].async_error().expect("nothing ran, nothing poisoned");
     println!("EXEC send/recv: {calls} results on {world} ranks, {wrong} wrong elements");

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use cudarc::driver::CudaSlice;
 use gpu_support::{Call, Coll, Dt, Rng, WORLD, call, fresh_seed, streams};
-use purlin_collectives::host_exec::{HostMemoryConfig, HostWorld, TraceEntry};
-use purlin_collectives::tuning::Tuning;
+use purlin_collectives::internal::host_executor::{HostMemoryConfig, HostWorld, TraceEntry};
+use purlin_collectives::internal::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp};
 use purlin_snac::{Plan, Regime, Space, StagingSide, Step};
 use region_shift::{execute_on_host, shift_first};
@@ -170,7 +170,7 @@ fn by_block(trace: &[TraceEntry]) -> BTreeMap<u32, Vec<Traced>> {
 /// The device's and the host's traces of one rank, compared per block.
 fn compare_traces(label: &str, r: usize, plan: &Plan, dev: &[TraceEntry], host: &[TraceEntry]) -> Result<(), String> {
     let (d, h) = (by_block(dev), by_block(host));
-    let expect: Vec<u64> = purlin_collectives::conformance::trace_entries_per_block(plan);
+    let expect: Vec<u64> = purlin_collectives::internal::conformance::trace_entries_per_block(plan);
     if h.len() != plan.grid()
         || expect.iter().enumerate().any(|(b, &n)| h.get(&(b as u32)).map_or(0, Vec::len) as u64 != n)
     {
@@ -251,8 +251,10 @@ fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu(
         };
         let comms = Comm::from_devices_with_config(streams.clone(), cfg).expect("set-up");
         let plans: Vec<Plan> = comms.iter().map(|c| case.call.plan(c)).collect();
-        let entries: Vec<u64> =
-            plans.iter().map(|p| purlin_collectives::conformance::trace_entries_per_block(p).iter().sum()).collect();
+        let entries: Vec<u64> = plans
+            .iter()
+            .map(|p| purlin_collectives::internal::conformance::trace_entries_per_block(p).iter().sum())
+            .collect();
         println!(
             "EXEC conformance: {}: {:?} grid {} (trace entries per rank {entries:?})",
             case.what,
@@ -262,7 +264,7 @@ fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu(
         for p in &plans {
             let end = staging_extent(p);
             assert!(
-                end < comms[0].workspace_layout().config.staging_bytes as u64,
+                end < comms[0].diag().workspace_layout().config.staging_bytes as u64,
                 "a staging access shifted by one byte (plan's furthest staging byte: {end}) must stay inside the workspace's staging"
             );
         }

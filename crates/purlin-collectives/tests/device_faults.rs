@@ -27,7 +27,7 @@ use gpu_support::{
     Bufs, Call, Coll, Dt, Rng, call, capture, fresh_seed, is_fault_error, names_peer, need_two_gpus,
     replay_with_fresh_inputs, stream,
 };
-use purlin_collectives::id::TorchEnv;
+use purlin_collectives::TorchEnv;
 use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp};
 
 /// The device wait bound of these tests.
@@ -161,7 +161,7 @@ fn eager_skip_rank(rank: usize, id: Id, seed: u64) {
         checks.check(c.async_error().is_ok(), "rank 1 (which only skipped) is not poisoned");
     }
     // Both ranks meet once rank 0 has looked (rank 1 waits here, host-bounded), then close.
-    let met = c.host().barrier("device_faults: eager fault observed");
+    let met = c.diag().host().barrier("device_faults: eager fault observed");
     checks.check(met.is_ok(), format!("both ranks meet after the fault: {met:?}"));
     let t = Instant::now();
     let report = c.close();
@@ -287,8 +287,8 @@ fn graph_a_silent_peer_times_out_once_and_the_rest_exits_at_once() {
             format!("{} after the failed one exited at entry: its output is untouched", b.call.name()),
         );
     }
-    let control = c0.workspace_layout().control.offset;
-    if let Ok(words) = c0.read_own_workspace(control, 48) {
+    let control = c0.diag().workspace_layout().control.offset;
+    if let Ok(words) = c0.diag().read_own_workspace(control, 48) {
         let w: Vec<u64> = words.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap())).collect();
         println!(
             "COMM fault graph: rank 0 control words: poisoned {} peer+1 {} epoch {} block {} step {} chunk {}",

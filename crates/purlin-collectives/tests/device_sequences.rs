@@ -25,7 +25,7 @@ use gpu_support::{
     Bufs, Call, Coll, Dt, Rng, call, capture, device_sleep, fresh_seed, replay_with_fresh_inputs, sleep_request, spin,
     streams,
 };
-use purlin_collectives::tuning::Tuning;
+use purlin_collectives::internal::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp};
 use purlin_snac::Regime;
 
@@ -303,7 +303,7 @@ fn back_to_back_plans_of_several_grid_widths_on_one_communicator() {
     use ReduceOp::*;
     let comms = Comm::from_devices_with_config(streams(), config(Tuning::default())).expect("set-up");
     let template = call(AllGather, Dt::U8, Sum, 4096).plan(&comms[0]);
-    let ws = comms[0].workspace_layout().config;
+    let ws = comms[0].diag().workspace_layout().config;
     let steps: Vec<(Call, Regime, u32)> = vec![
         (call(AllGather, Dt::U8, Sum, 1_000_003), Regime::Throughput, 1),
         (call(AllReduce, Dt::F32, Sum, 300_001), Regime::Throughput, 5),

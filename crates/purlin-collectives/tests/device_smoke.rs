@@ -5,7 +5,7 @@ use purlin_atom::KernelCache;
 #[test]
 #[ignore = "needs a CUDA GPU (two for the ping-pong); run with --ignored on the GPU machine"]
 fn device_smoke() {
-    let report = purlin_collectives::smoke::run(&KernelCache::default_location()).expect("smoke test");
+    let report = purlin_collectives::internal::smoke::run(&KernelCache::default_location()).expect("smoke test");
     for d in &report.devices {
         println!(
             "SMOKE gpu{} {} {} kernel={} checked={} elements: ok",
@@ -33,8 +33,9 @@ fn sixteen_byte_packets_do_not_tear() {
     // 32 block pairs × 4096 packets per block per round × 7700 rounds ≈ 1.01e9 packets per
     // direction, both directions at once.
     let (pairs, per_block, rounds) = (32, 4096, 7700);
-    let r = purlin_collectives::smoke::packet_stress(&KernelCache::default_location(), pairs, per_block, rounds)
-        .expect("packet stress");
+    let r =
+        purlin_collectives::internal::smoke::packet_stress(&KernelCache::default_location(), pairs, per_block, rounds)
+            .expect("packet stress");
     println!(
         "PACKETS 16-byte packets over NVLink, both directions: {} checked, {} torn, {} timed-out blocks, {:.2} s",
         r.packets, r.torn, r.timed_out_blocks, r.seconds
@@ -48,8 +49,9 @@ fn sixteen_byte_packets_do_not_tear() {
 #[ignore = "needs a CUDA GPU; run with --ignored on the GPU machine"]
 fn packet_payloads_round_trip_at_every_length_and_offset() {
     for packet_bytes in [8, 16] {
-        let cases = purlin_collectives::smoke::payload_round_trip(&KernelCache::default_location(), packet_bytes)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let cases =
+            purlin_collectives::internal::smoke::payload_round_trip(&KernelCache::default_location(), packet_bytes)
+                .unwrap_or_else(|e| panic!("{e}"));
         println!("PAYLOADS {packet_bytes}-byte packets: {cases} (length, from, to) cases byte-exact");
         assert_eq!(cases, 64 * (packet_bytes as usize / 2 + 1));
     }

@@ -9,15 +9,15 @@ mod support;
 
 use std::thread;
 
-use purlin_collectives::cpu::CpuComm;
-use purlin_collectives::{Error, ReduceOp};
+use purlin_collectives::CpuComm;
+use purlin_collectives::{Error, ReduceOp, Status};
 use purlin_snac::ReductionMode;
 use support::{Setup, comms};
 
 /// One rank's side of a mismatched pair of calls.
-type Call = fn(&CpuComm) -> Result<(), Error>;
+type Call = fn(&CpuComm) -> Result<Status, Error>;
 
-fn all_reduce_f32(c: &CpuComm, n: usize, op: ReduceOp) -> Result<(), Error> {
+fn all_reduce_f32(c: &CpuComm, n: usize, op: ReduceOp) -> Result<Status, Error> {
     let send: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let mut recv = vec![0f32; n];
     c.all_reduce(&send[..], &mut recv[..], &op)
@@ -75,8 +75,10 @@ fn mismatches() -> Vec<(&'static str, Call, Call)> {
 
 fn run_pair(comms: &[CpuComm], first: Call, rest: Call) -> Vec<Result<(), Error>> {
     thread::scope(|s| {
-        let handles: Vec<_> =
-            comms.iter().map(|c| s.spawn(move || if c.rank() == 0 { first(c) } else { rest(c) })).collect();
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|c| s.spawn(move || if c.rank() == 0 { first(c).map(drop) } else { rest(c).map(drop) }))
+            .collect();
         handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
     })
 }

@@ -11,7 +11,7 @@ mod support;
 
 use std::time::Instant;
 
-use purlin_collectives::cpu::{CpuComm, CpuConfig};
+use purlin_collectives::{CpuComm, CpuConfig};
 use purlin_collectives::{Error, ReduceOp};
 use purlin_snac::{Collective, DataType, ReductionMode};
 use support::*;
@@ -321,7 +321,7 @@ fn bad_input_is_a_typed_error_without_side_effects() {
 /// same steps: the verification key's canonicalization relies on it.
 #[test]
 fn verification_key_canonicalization_is_sound() {
-    use purlin_collectives::cpu::canonical_spec;
+    use purlin_collectives::internal::verified::canonical_spec;
     use purlin_snac::{CollectiveSpec, PlanConfig, Regime, StagingSide, derive};
     let cfgs = [
         PlanConfig { regime: Regime::Latency, ..PlanConfig::default() },
@@ -511,14 +511,14 @@ fn broadcast_and_reduce_from_every_root() {
                                 // Broadcast: a non-root passes garbage it must not send.
                                 let garbage = vec![i32::MIN; n];
                                 let mut got = vec![-1; n];
-                                c.broadcast(Some(if r == root { &x } else { &garbage }), &mut got, root)?;
+                                c.broadcast(Some(if r == root { &x } else { &garbage }), &mut got, root as i32)?;
                                 let mut inplace = if r == root { x.clone() } else { vec![-1; n] };
-                                c.broadcast_in_place(&mut inplace, root)?;
+                                c.broadcast_in_place(&mut inplace, root as i32)?;
                                 // Reduce: a non-root's receive buffer stays as it was.
                                 let mut reduced = vec![-7; n];
-                                c.reduce(&x, Some(&mut reduced), op, root)?;
+                                c.reduce(&x, Some(&mut reduced), op, root as i32)?;
                                 let mut reduced_in_place = x.clone();
-                                c.reduce_in_place(&mut reduced_in_place, op, root)?;
+                                c.reduce_in_place(&mut reduced_in_place, op, root as i32)?;
                                 Ok([got, inplace, reduced, reduced_in_place])
                             })
                         })

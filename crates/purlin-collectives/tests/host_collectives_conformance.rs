@@ -7,8 +7,8 @@ mod region_shift;
 use std::time::Duration;
 
 use purlin_collectives::Error;
-use purlin_collectives::cpu::{CpuComm, CpuConfig};
-use purlin_collectives::host_exec::{HostMemoryConfig, HostWorld};
+use purlin_collectives::internal::host_executor::{HostMemoryConfig, HostWorld};
+use purlin_collectives::{CpuComm, CpuConfig};
 use purlin_snac::{CollectiveSpec, DataType, Plan, PlanConfig, Regime, Space, StagingSide, Step, derive};
 use region_shift::{execute_on_host, shift_first};
 
@@ -256,7 +256,7 @@ fn one_copy_plans_move_every_byte_once() {
 /// worlds 2-4, three calls back to back, against sums computed here.
 #[test]
 fn one_copy_all_reduce_in_place_sums_every_buffer() {
-    use purlin_collectives::host_exec::CallBuffers;
+    use purlin_collectives::internal::host_executor::CallBuffers;
     use purlin_snac::ReduceOp;
     for world in 2usize..=4 {
         let n = 2500u64; // u32 elements
@@ -282,7 +282,7 @@ fn one_copy_all_reduce_in_place_sums_every_buffer() {
             let sums: Vec<u32> = (0..n as usize).map(|i| inputs.iter().map(|x| x[i]).sum()).collect();
             let want = le(&sums);
             let mut bufs: Vec<Vec<u8>> = inputs.iter().map(|x| le(x)).collect();
-            let mut peers = [(std::ptr::null_mut(), 0); purlin_collectives::exec_device::MAX_WORLD];
+            let mut peers = [(std::ptr::null_mut(), 0); purlin_collectives::MAX_WORLD];
             for (slot, b) in peers.iter_mut().zip(bufs.iter_mut()) {
                 *slot = (b.as_mut_ptr(), b.len());
             }

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use common::{Kid, ROLE, role, torchrun_env};
 use purlin_collectives::Error;
-use purlin_collectives::host::HostComm;
-use purlin_collectives::id::Id;
-use purlin_collectives::workspace::{
+use purlin_collectives::Id;
+use purlin_collectives::internal::HostComm;
+use purlin_collectives::internal::workspace::{
     HostBackend, SymmetricBackend, SymmetricWorkspace, WorkspaceConfig, WorkspaceLayout,
 };
 
@@ -150,7 +150,7 @@ fn child_entry() {
     let Some(role) = role() else { return };
     if role == "torchrun" {
         // Only the variables torchrun sets: every process derives the same name alone.
-        let env = purlin_collectives::id::TorchEnv::from_process().unwrap();
+        let env = purlin_collectives::TorchEnv::from_process().unwrap();
         for seq in 0..3 {
             let h = HostComm::connect(&env.id(seq), env.rank, env.world_size, T).unwrap();
             check_rounds(&h, 20);

@@ -8,8 +8,8 @@ mod support;
 
 use std::thread;
 
+use purlin_collectives::CpuComm;
 use purlin_collectives::Error;
-use purlin_collectives::cpu::CpuComm;
 use purlin_snac::ReductionMode;
 use support::{Setup, comms};
 
@@ -40,7 +40,7 @@ fn sends_meet_receives_in_every_regime() {
             let what = format!("{setup:?}, {n} elements");
             // Rank 0 sends, then rank 1 sends back what differs: two calls in one order.
             let got = on_both(&comms, |c| {
-                let (me, peer) = (c.rank(), 1 - c.rank());
+                let (me, peer) = (c.rank(), 1 - c.rank() as i32);
                 let mut first = vec![-1i32; n];
                 let mut second = vec![-1i32; n];
                 if me == 0 {
@@ -60,7 +60,7 @@ fn sends_meet_receives_in_every_regime() {
             // send_recv (a receive of no bytes) met by a lone receive.
             let m = n / 2 + 5;
             let got = on_both(&comms, |c| {
-                let (me, peer) = (c.rank(), 1 - c.rank());
+                let (me, peer) = (c.rank(), 1 - c.rank() as i32);
                 let (mine, theirs) = if me == 0 { (n, m) } else { (m, n) };
                 let mut exchanged = vec![-1i32; theirs];
                 c.send_recv(&payloads(me, 2, mine), peer, &mut exchanged, peer)?;
@@ -88,7 +88,7 @@ fn bytes_not_types_meet_and_symmetric_buffers_work() {
     let comms = comms(2, Setup::ThroughputOwn, ReductionMode::Deterministic);
     let n = 4099;
     let got = on_both(&comms, |c| {
-        let (me, peer) = (c.rank(), 1 - c.rank());
+        let (me, peer) = (c.rank(), 1 - c.rank() as i32);
         let mut sym = c.alloc_symmetric::<i32>(n)?;
         let mut bytes = vec![0u8; 4 * n];
         if me == 0 {
@@ -134,9 +134,9 @@ fn assert_a_send_meets_its_receive(pair: &[CpuComm], call: usize) {
     let got = on_both(pair, |c| {
         let mut y = vec![0i32; 8];
         if c.rank() == 0 {
-            c.send(&payloads(0, call, 8), 1)?
+            c.send(&payloads(0, call, 8), 1)?;
         } else {
-            c.recv(&mut y, 0)?
+            c.recv(&mut y, 0)?;
         }
         Ok(y)
     });
@@ -156,7 +156,8 @@ fn mismatched_sends_and_receives_are_mismatch_errors_on_both_ranks() {
                 .map(|c| {
                     s.spawn(move || {
                         let mut y = vec![-1i32; received];
-                        let r = if c.rank() == 0 { c.send(&payloads(0, 0, sent), 1) } else { c.recv(&mut y, 0) };
+                        let r =
+                            if c.rank() == 0 { c.send(&payloads(0, 0, sent), 1) } else { c.recv(&mut y, 0).map(drop) };
                         (r, y)
                     })
                 })
@@ -174,7 +175,7 @@ fn mismatched_sends_and_receives_are_mismatch_errors_on_both_ranks() {
         }
     }
     // Both ranks sending to each other (each expecting the other to receive): a mismatch too.
-    let outcomes = on_both_results(&pair, |c| c.send(&payloads(c.rank(), 1, 8), 1 - c.rank()));
+    let outcomes = on_both_results(&pair, |c| c.send(&payloads(c.rank(), 1, 8), 1 - c.rank() as i32));
     assert!(outcomes.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))), "{outcomes:?}");
     // Nothing was poisoned: a matched pair still runs.
     assert_a_send_meets_its_receive(&pair, 2);
@@ -201,7 +202,7 @@ fn groups_run_the_kth_send_with_the_kth_receive() {
         let pair = comms(2, setup, ReductionMode::Deterministic);
         for (call, lens) in [[5000usize, 1667, 777], [1, 0, 70_001]].into_iter().enumerate() {
             let got = on_both(&pair, |c| {
-                let (me, peer) = (c.rank(), 1 - c.rank());
+                let (me, peer) = (c.rank(), 1 - c.rank() as i32);
                 // Buffer k is sent by rank 0 for k < 2 and by rank 1 for k = 2.
                 let sends = |k: usize| if me == 0 { k < 2 } else { k == 2 };
                 let mut bufs: Vec<Vec<i32>> = (0..3)
@@ -271,7 +272,7 @@ fn a_dropped_group_that_fails_poisons_the_world() {
         let a = payloads(0, 0, 100);
         let mut x = vec![-1i32; 50];
         let mut group = c.group();
-        if c.rank() == 0 { group.send(&a, 1) } else { group.recv(&mut x, 0) }?;
+        if c.rank() == 0 { group.send(&a, 1) } else { group.recv(&mut x, 0).map(drop) }?;
         drop(group);
         Ok(())
     });

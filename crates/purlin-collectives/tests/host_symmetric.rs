@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use purlin_collectives::cpu::{CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuSymmetricBuffer};
+use purlin_collectives::{CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuSymmetricBuffer};
 use purlin_collectives::{Error, ReduceOp};
 use purlin_snac::{Collective, DataType, ReductionMode};
 use support::*;
@@ -163,7 +163,7 @@ fn another_ranks_or_worlds_handle_is_refused_before_anything_runs() {
     // Nothing was signalled: a proper call on both ranks still works.
     let results = on_every_rank(&comms, |r, c| {
         let mut out = vec![0.0f32; 8];
-        c.all_reduce(&vec![r as f32 + 1.0; 8], &mut out, &ReduceOp::Sum).map(|()| out)
+        c.all_reduce(&vec![r as f32 + 1.0; 8], &mut out, &ReduceOp::Sum).map(|_| out)
     });
     for got in results {
         assert_eq!(got.expect("call after the refusals"), vec![3.0; 8]);
@@ -220,13 +220,13 @@ fn ranks_on_different_allocations_or_calls_all_get_a_mismatch_and_nothing_runs()
         let mut pair = slots[r].lock().expect("buffers");
         let (x, y) = &mut *pair;
         let out = if r == 0 { &mut **x } else { &mut **y };
-        c.all_gather(&vec![1.0f32; n], out)
+        c.all_gather(&vec![1.0f32; n], out).map(drop)
     }));
     // Both into X, but different calls.
     expect_mismatch(on_every_rank(&comms, |r, c| {
         let mut pair = slots[r].lock().expect("buffers");
         let x = &mut *pair.0;
-        if r == 0 { c.all_gather(&vec![1.0f32; n], x) } else { c.all_reduce_in_place(x, &ReduceOp::Sum) }
+        if r == 0 { c.all_gather(&vec![1.0f32; n], x) } else { c.all_reduce_in_place(x, &ReduceOp::Sum) }.map(drop)
     }));
     drop(slots);
     for b in xs.iter().chain(&ys) {
@@ -258,10 +258,10 @@ fn calls_whose_plans_share_nothing_mix_symmetric_and_plain_buffers() {
         let input = vec![r as i32 + 7; n];
         if r == 0 {
             let mut out = out0.lock().expect("rank 0's buffer");
-            c.all_gather(&input, &mut **out).map(|()| out.to_vec())
+            c.all_gather(&input, &mut **out).map(|_| out.to_vec())
         } else {
             let mut out = vec![0i32; 2 * n];
-            c.all_gather(&input, &mut out).map(|()| out)
+            c.all_gather(&input, &mut out).map(|_| out)
         }
     });
     let want: Vec<i32> = [vec![7; n], vec![8; n]].concat();
@@ -282,6 +282,7 @@ where
         "reduce-scatter" => c.reduce_scatter(x, y, &ReduceOp::Sum),
         _ => c.reduce_scatter_v(x, y, counts, &ReduceOp::Sum),
     }
+    .map(drop)
 }
 
 /// Deterministic mode reduces in rank order whatever the path: an AllReduce, a ReduceScatter
@@ -349,14 +350,14 @@ fn broadcast_and_reduce_on_symmetric_buffers_take_one_copy() {
             send.copy_from_host(&x)?;
             let mut recv = c.alloc_symmetric::<f32>(n)?;
             if r == root && root == 1 {
-                c.broadcast(Some(&x), &mut recv, root)?; // plain send on the root
+                c.broadcast(Some(&x), &mut recv, root as i32)?; // plain send on the root
             } else {
-                c.broadcast(Some(&send), &mut recv, root)?;
+                c.broadcast(Some(&send), &mut recv, root as i32)?;
             }
             let one_copy_broadcast = c.last_call().expect("a call").one_copy;
             let got = recv.to_vec();
             let mut reduced = vec![0f32; n];
-            c.reduce(&send, Some(&mut reduced), &ReduceOp::Sum, root)?;
+            c.reduce(&send, Some(&mut reduced), &ReduceOp::Sum, root as i32)?;
             Ok((got, reduced, [one_copy_broadcast, c.last_call().expect("a call").one_copy]))
         });
         for (r, got) in results.into_iter().enumerate() {

@@ -22,9 +22,9 @@ fn runtime_units_compile_to_cubin() {
     // ten minutes on CI's two cores (all three in full took 932 s, 2026-12-02).
     let mut jobs = Vec::new();
     let units = [
-        (Arch::SM80, purlin_collectives::kernels::sampled_units(Generation::Ampere)),
-        (Arch::SM90, purlin_collectives::kernels::all_units(Generation::Hopper)),
-        (Arch::SM100, purlin_collectives::kernels::sampled_units(Generation::Blackwell)),
+        (Arch::SM80, purlin_collectives::internal::kernels::sampled_units(Generation::Ampere)),
+        (Arch::SM90, purlin_collectives::internal::kernels::all_units(Generation::Hopper)),
+        (Arch::SM100, purlin_collectives::internal::kernels::sampled_units(Generation::Blackwell)),
     ];
     for (arch, list) in units {
         for unit in list {
@@ -237,7 +237,7 @@ fn the_parameter_header_and_opcodes_match_purlin_snac() {
     let unit = purlin_atom::TranslationUnit {
         name: "params_layout".into(),
         source: asserts.clone(),
-        headers: vec![("params.cuh".into(), purlin_collectives::kernels::PARAMS_CUH.into())],
+        headers: vec![("params.cuh".into(), purlin_collectives::internal::kernels::PARAMS_CUH.into())],
         options: vec![],
     };
     nvrtc::compile_cubin(&unit, Arch::SM90).unwrap_or_else(|e| panic!("{e}"));

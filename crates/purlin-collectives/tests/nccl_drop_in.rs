@@ -61,7 +61,7 @@ fn check_purlin(result: anyhow::Result<Vec<Vec<f32>>>, world: usize, n: usize, w
 #[ignore = "needs 2 GPUs and libnccl; run with --ignored on the GPU machine"]
 fn the_program_runs_on_both() {
     let n = 1 << 16;
-    let world = purlin_collectives::topo::device_count();
+    let world = purlin_collectives::device_count();
     assert!(world >= 2, "needs 2 GPUs, found {world}");
     // SAFETY: only asks the dynamic loader whether libnccl can be opened.
     if unsafe { cudarc::nccl::sys::is_culib_present() } {

@@ -110,5 +110,9 @@ pub use plan::{
 pub use spec::{Collective, CollectiveSpec, Counts, Segment, SpecError};
 pub use types::{ConsumeOp, DataType, Layout, PacketFormat, ReduceOp, ReductionMode, Regime, StagingSide};
 
+/// The most ranks of one world: the one limit every layer (plans, executors, the machine
+/// description, the kernels' `kMaxWorld`) shares.
+pub const MAX_WORLD: usize = 16;
+
 /// Smallest and largest world (number of ranks) one scale-up domain supports.
-pub const WORLD_RANGE: std::ops::RangeInclusive<usize> = 2..=16;
+pub const WORLD_RANGE: std::ops::RangeInclusive<usize> = 2..=MAX_WORLD;

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 pub use probe::local_device;
 
-/// The largest world Purlin supports in one scale-up domain.
-pub const MAX_WORLD: usize = 16;
+/// The largest world Purlin supports in one scale-up domain (purlin-snac's).
+pub use purlin_snac::MAX_WORLD;
 
 /// Whether the CUDA driver library can be loaded on this machine.
 ///

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
-use purlin_collectives::comm::{NcclType, Status};
 use purlin_collectives::{Comm, CommConfig, Error, ReduceOp};
+use purlin_collectives::{NcclType, Status};
 use purlin_snac::CollectiveSpec;
 
 /// The world these tests run at.
@@ -558,8 +558,8 @@ pub fn sleep_unit() -> purlin_atom::TranslationUnit {
 }
 
 /// The sleep kernel, compiled and loaded by the communicator at set-up.
-pub fn sleep_request() -> purlin_collectives::comm::KernelRequest {
-    purlin_collectives::comm::KernelRequest {
+pub fn sleep_request() -> purlin_collectives::internal::KernelRequest {
+    purlin_collectives::internal::KernelRequest {
         unit: sleep_unit(),
         function: "purlin_test_sleep".into(),
         block_size: 32,
@@ -571,7 +571,7 @@ pub fn sleep_request() -> purlin_collectives::comm::KernelRequest {
 /// stream: the GPU idles `d` before the stream's next work.
 pub fn device_sleep(comm: &Comm, d: Duration) {
     use cudarc::driver::{LaunchConfig, PushKernelArg};
-    let k = comm.kernel("purlin_test_sleep").expect("the sleep kernel was requested at set-up");
+    let k = comm.diag().kernel("purlin_test_sleep").expect("the sleep kernel was requested at set-up");
     let ns = d.as_nanos() as u64;
     let stream = comm.stream();
     let mut launch = stream.launch_builder(&k.function);

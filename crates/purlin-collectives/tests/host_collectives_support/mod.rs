@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use purlin_atom::{F8E4M3, F8E5M2};
-use purlin_collectives::cpu::{CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuType};
+use purlin_collectives::{CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuType};
 use purlin_collectives::{Error, ReduceOp};
 use purlin_snac::verify::Options;
 use purlin_snac::{Collective, CollectiveSpec, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
@@ -462,6 +462,7 @@ where
             comm.all_to_all_v(x, y, &m)
         }
     }
+    .map(drop)
 }
 
 /// The in-place call of `case` through the typed API (`None` for the V forms, which go
@@ -472,12 +473,15 @@ where
     T: CpuType,
 {
     let op = case.op.unwrap_or(ReduceOp::Sum);
-    Some(match case.c {
-        Collective::AllReduce => comm.all_reduce_in_place(buf, &op),
-        Collective::AllGather => comm.all_gather_in_place(buf),
-        Collective::ReduceScatter => comm.reduce_scatter_in_place(buf, &op),
-        _ => return None,
-    })
+    Some(
+        match case.c {
+            Collective::AllReduce => comm.all_reduce_in_place(buf, &op),
+            Collective::AllGather => comm.all_gather_in_place(buf),
+            Collective::ReduceScatter => comm.reduce_scatter_in_place(buf, &op),
+            _ => return None,
+        }
+        .map(drop),
+    )
 }
 
 /// Rank `r`'s call through the typed API (V in-place calls through the byte API).

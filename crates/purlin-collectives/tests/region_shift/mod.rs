@@ -2,7 +2,7 @@
 //! call of one plan per rank on the host executor.
 
 use purlin_collectives::Error;
-use purlin_collectives::host_exec::{CallBuffers, HostWorld, TraceEntry};
+use purlin_collectives::internal::host_executor::{CallBuffers, HostWorld, TraceEntry};
 use purlin_snac::{Plan, Step};
 
 /// Runs `plans` (one per rank) on `host`, one thread per rank, reading `inputs[r]` and
@@ -16,7 +16,7 @@ pub fn execute_on_host(
 ) -> Vec<Result<Vec<TraceEntry>, Error>> {
     // Every rank's input and output are registered for every rank (one-copy plans store into
     // peers' outputs and read peers' inputs; nothing writes an input).
-    let mut peers = [(std::ptr::null_mut(), 0); purlin_collectives::exec_device::MAX_WORLD];
+    let mut peers = [(std::ptr::null_mut(), 0); purlin_collectives::MAX_WORLD];
     let mut peer_inputs = peers;
     for (slot, o) in peers.iter_mut().zip(outputs.iter_mut()) {
         *slot = (o.as_mut_ptr(), o.len());

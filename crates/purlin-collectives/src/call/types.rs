@@ -74,7 +74,7 @@ pub enum Status {
 }
 
 /// SNAC's name of a cudarc element type.
-pub(super) fn snac_dtype<T: NcclType>() -> purlin_snac::DataType {
+pub fn snac_dtype<T: NcclType>() -> purlin_snac::DataType {
     use purlin_snac::DataType as S;
     match T::data_type() {
         DataType::F32 => S::F32,
@@ -105,6 +105,18 @@ impl From<&ReduceOp> for purlin_snac::ReduceOp {
     }
 }
 
-pub(super) fn snac_op(op: &ReduceOp) -> purlin_snac::ReduceOp {
-    op.into()
+/// The Atom's element type for a SNAC data type, where the Atom reduces it.
+pub fn atom_dtype(t: purlin_snac::DataType) -> Option<purlin_atom::DType> {
+    use purlin_atom::DType;
+    use purlin_snac::DataType as S;
+    Some(match t {
+        S::F32 => DType::F32,
+        S::F16 => DType::F16,
+        S::Bf16 => DType::BF16,
+        S::F8E4M3 => DType::E4M3,
+        S::F8E5M2 => DType::E5M2,
+        S::I32 => DType::I32,
+        S::U32 => DType::U32,
+        _ => return None,
+    })
 }

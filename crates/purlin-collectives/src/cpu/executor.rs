@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use purlin_atom::DType;
 use purlin_atom::host::{HostSrc, reduce_bytes_with};
 use purlin_snac::{
     Advance, EpochVal, Len, Notify, NotifyKind, Offset, PacketFormat, Plan, ReduceOp, Region, Space, Step,
 };
 
+use crate::call::types::atom_dtype;
 use crate::error::{Error, SAME_CALLS};
 use crate::workspace::CALL_WORDS;
 
@@ -131,15 +131,15 @@ pub struct CallBuffers {
     pub output_len: usize,
     /// Every rank's registered output and its length (one-copy plans' `PeerOutput`), null
     /// where none is registered.
-    pub peer_outputs: [(*mut u8, usize); crate::exec_device::MAX_WORLD],
+    pub peer_outputs: [(*mut u8, usize); purlin_snac::MAX_WORLD],
     /// Every rank's registered input and its length (`PeerInput`), null where none is.
-    pub peer_inputs: [(*mut u8, usize); crate::exec_device::MAX_WORLD],
+    pub peer_inputs: [(*mut u8, usize); purlin_snac::MAX_WORLD],
 }
 
 impl CallBuffers {
     /// A call's own input and output, with no peer's registered.
     pub fn new(input: *const u8, input_len: usize, output: *mut u8, output_len: usize) -> Self {
-        let none = [(std::ptr::null_mut(), 0); crate::exec_device::MAX_WORLD];
+        let none = [(std::ptr::null_mut(), 0); purlin_snac::MAX_WORLD];
         CallBuffers { input, input_len, output, output_len, peer_outputs: none, peer_inputs: none }
     }
 }
@@ -819,21 +819,6 @@ impl BlockRun<'_> {
         reduce_bytes_with(dtype, atom_op, dst_bytes, &sources).map_err(|e| bad(e.to_string()))?;
         Ok(())
     }
-}
-
-/// The Atom's element type for a SNAC data type, where the Atom reduces it.
-pub fn atom_dtype(t: purlin_snac::DataType) -> Option<DType> {
-    use purlin_snac::DataType as S;
-    Some(match t {
-        S::F32 => DType::F32,
-        S::F16 => DType::F16,
-        S::Bf16 => DType::BF16,
-        S::F8E4M3 => DType::E4M3,
-        S::F8E5M2 => DType::E5M2,
-        S::I32 => DType::I32,
-        S::U32 => DType::U32,
-        _ => return None,
-    })
 }
 
 /// One call's outcome on one rank from its call check's and its blocks' results: the cause

@@ -23,8 +23,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod id;
+
+pub use id::{Id, TorchEnv};
+
 use crate::error::Error;
-use crate::id::Id;
 
 /// Default bound on every host-side wait (torch's NCCL default is 600 s, DESIGN.md asks ≥ 300 s).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);

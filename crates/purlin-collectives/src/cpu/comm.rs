@@ -1,4 +1,4 @@
-//! The host communicator: every collective on CPU threads of one process, through the same
+//! [`CpuComm`]: every collective on CPU threads of one process, through the same
 //! SNAC plans the GPUs run (DESIGN.md §3.4, §5 "Executors").
 //!
 //! [`CpuComm::threads`] makes one communicator per rank (like `Comm::from_devices`); give each
@@ -10,17 +10,17 @@
 //! 1. Validates the arguments against the collective's spec — lengths, V counts (length and
 //!    sum), world, element type against the reduce op — and returns a typed [`Error`]
 //!    *before touching anything* (no output byte changes, no peer is signalled).
-//! 2. Plans the call with [`crate::tuning`] (latency regime for small payloads, throughput
+//! 2. Plans the call with [`crate::call::tuning`] (latency regime for small payloads, throughput
 //!    otherwise; staging side, chunk and block counts from [`CpuConfig::tuning`]).
 //! 3. Verifies the plan set with purlin-snac's verifier, once per plan key per process
-//!    (see [`crate::verification`]); a plan the verifier rejects never runs.
-//! 4. Runs this rank's plan on the host executor ([`crate::host_exec`]).
+//!    (see [`crate::call::verified`]); a plan the verifier rejects never runs.
+//! 4. Runs this rank's plan on the host executor ([`crate::cpu::executor`]).
 //!
 //! Buffers are any [`CpuBuffer`] / [`CpuBufferMut`]: slices, `Vec`s, arrays, or
 //! [`CpuSymmetricBuffer`]s from [`CpuComm::alloc_symmetric`]. Where every rank passes
 //! symmetric buffers in the same roles, throughput calls take the one-copy plans, as on GPUs
 //! (the ranks first meet to check it is the same call on the same allocations:
-//! [`crate::cpu_symmetric`]).
+//! [`crate::cpu::buffer`]).
 //!
 //! Scheduling: **one OS thread per (rank, block)** of the plan, spawned per call and joined
 //! before the call returns. Every block is co-resident by construction (what the device
@@ -36,51 +36,22 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use purlin_atom::{F8E4M3, F8E5M2};
 use purlin_snac::verify::Options;
-use purlin_snac::{CollectiveSpec, ConsumeOp, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
+use purlin_snac::{CollectiveSpec, ConsumeOp, MAX_WORLD, PacketFormat, ReductionMode, Regime, StagingSide};
 
-use crate::comm::{ReduceOp, Transfer, paired, point_to_point_spec};
-use crate::cpu_symmetric::region::HostRegion;
-pub use crate::cpu_symmetric::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer};
-use crate::cpu_symmetric::{Meetings, SymmetricAlloc};
+use super::buffer::region::HostRegion;
+use super::buffer::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer, CpuType, Meetings, SymmetricAlloc};
+use super::executor::{CallBuffers, HostMemoryConfig, HostWorld};
+use crate::call::tuning::{PlanLimits, Tuning, plan_and_config};
+use crate::call::types::{ReduceOp, Status, atom_dtype};
+use crate::call::verified::{budget_from_env, default_budget, internal, verified};
+use crate::call::{self, Call, Transfer, in_place_layout, paired, point_to_point_spec};
 use crate::error::Error;
-use crate::host_exec::{CallBuffers, HostMemoryConfig, HostWorld, atom_dtype};
-use crate::tuning::{PlanLimits, Tuning, plan_and_config};
-pub use crate::verification::{Verdict, canonical_spec, verified};
-use crate::verification::{budget_from_env, default_budget, internal};
-
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// The element types host collectives accept: cudarc's NCCL set (`f32`, `f64`, `i8`, `u8`,
-/// `i32`, `u32`, `i64`, `u64`, `half::f16`, `half::bf16`) plus the two fp8 formats.
-/// Gathers (AllGather, AllToAll and their V forms) move any of them; reductions need a type
-/// the Atom reduces (f32, f16, bf16, fp8 e4m3/e5m2, i32, u32), others get
-/// [`Error::Unsupported`].
-pub trait CpuType: sealed::Sealed + Copy + Send + Sync + 'static {
-    /// The element type of a spec.
-    const DATA_TYPE: DataType;
-}
-
-macro_rules! cpu_type {
-    ($($t:ty => $d:ident),* $(,)?) => {
-        $(
-            impl sealed::Sealed for $t {}
-            impl CpuType for $t {
-                const DATA_TYPE: DataType = DataType::$d;
-            }
-        )*
-    };
-}
-cpu_type!(f32 => F32, f64 => F64, i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64,
-    half::f16 => F16, half::bf16 => Bf16, F8E4M3 => F8E4M3, F8E5M2 => F8E5M2);
 
 /// A host communicator's configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuConfig {
-    /// Bound on every wait of the host executor (default [`crate::host::DEFAULT_TIMEOUT`]).
+    /// Bound on every wait of the host executor (default [`crate::bootstrap::DEFAULT_TIMEOUT`]).
     pub timeout: Duration,
     /// Each rank's staging, packet window, flags, counters and epochs. `epoch_words` is also
     /// the co-residency bound plans are made under (threads are always co-resident).
@@ -92,7 +63,7 @@ pub struct CpuConfig {
     /// Packet format of the latency regime.
     pub packet: PacketFormat,
     /// The verifier's budget for each plan key: exhaustive up to `max_states`, else
-    /// `schedules` randomized schedules ([`crate::verification::default_budget`]).
+    /// `schedules` randomized schedules ([`crate::call::verified::default_budget`]).
     pub verify: Options,
 }
 
@@ -171,7 +142,7 @@ impl CpuConfig {
 impl Default for CpuConfig {
     fn default() -> Self {
         Self {
-            timeout: crate::host::DEFAULT_TIMEOUT,
+            timeout: crate::bootstrap::DEFAULT_TIMEOUT,
             memory: HostMemoryConfig::default(),
             tuning: Self::host_tuning(),
             mode: ReductionMode::Deterministic,
@@ -194,7 +165,7 @@ pub struct CallInfo {
     pub staging_side: Option<StagingSide>,
     /// Blocks (threads) of this rank.
     pub grid: usize,
-    /// Whether it ran a one-copy plan (symmetric buffers, [`crate::cpu_symmetric`]).
+    /// Whether it ran a one-copy plan (symmetric buffers, [`crate::cpu::buffer`]).
     pub one_copy: bool,
     /// The verifier's coverage of its plan key (`exhaustive, N states` or `sampled ...`).
     pub verified: String,
@@ -260,8 +231,8 @@ impl std::fmt::Debug for CpuComm {
 
 /// Every rank's input and output where a call's are symmetric buffers, and their allocations.
 struct PeerRegions {
-    inputs: Option<[(*mut u8, usize); crate::exec_device::MAX_WORLD]>,
-    outputs: Option<[(*mut u8, usize); crate::exec_device::MAX_WORLD]>,
+    inputs: Option<[(*mut u8, usize); MAX_WORLD]>,
+    outputs: Option<[(*mut u8, usize); MAX_WORLD]>,
     /// The allocations of the input and the output ([`SymmetricAlloc::id`]), where symmetric.
     input_alloc: Option<usize>,
     output_alloc: Option<usize>,
@@ -269,7 +240,7 @@ struct PeerRegions {
 
 /// Every rank's bytes of a symmetric buffer as the host executor addresses them, and the
 /// buffer's allocation ([`SymmetricAlloc::id`]).
-type Symmetric = ([(*mut u8, usize); crate::exec_device::MAX_WORLD], usize);
+type Symmetric = ([(*mut u8, usize); MAX_WORLD], usize);
 
 impl PeerRegions {
     fn new(inputs: Option<Symmetric>, outputs: Option<Symmetric>) -> Self {
@@ -289,16 +260,8 @@ enum Bufs<'a> {
 }
 
 /// Whole elements of `T` in a region (a buffer of `T` holds nothing else).
-fn elems<T: CpuType>(r: &HostRegion<'_>) -> u64 {
-    (r.bytes / size_of::<T>()) as u64
-}
-
-fn snac_op(op: &ReduceOp) -> purlin_snac::ReduceOp {
-    op.into()
-}
-
-fn counts_u64(counts: &[usize]) -> Vec<u64> {
-    counts.iter().map(|&c| c as u64).collect()
+fn elems<T: CpuType>(r: &HostRegion<'_>) -> usize {
+    r.bytes / size_of::<T>()
 }
 
 impl CpuComm {
@@ -369,7 +332,7 @@ impl CpuComm {
     /// calls it, in the same order, with the same `len`), like `Comm::alloc_symmetric` and
     /// NCCL's `ncclMemAlloc` + `ncclCommWindowRegister`. The memory is zeroed. Collectives
     /// that get such buffers in the same roles on every rank take the one-copy path
-    /// ([`crate::cpu_symmetric`]). Every rank returns the same outcome: a buffer, or
+    /// ([`crate::cpu::buffer`]). Every rank returns the same outcome: a buffer, or
     /// [`Error::Mismatch`] when ranks asked for different sizes; a rank that does not arrive
     /// within [`CpuConfig::timeout`] makes the waiting ranks return [`Error::Timeout`].
     pub fn alloc_symmetric<T: CpuType>(&self, len: usize) -> Result<CpuSymmetricBuffer<T>, Error> {
@@ -403,24 +366,21 @@ impl CpuComm {
         }
     }
 
-    fn world_u32(&self) -> u32 {
-        self.world_size() as u32
-    }
-
-    fn mode(&self, spec: CollectiveSpec) -> CollectiveSpec {
-        spec.with_mode(self.shared.config.mode)
+    /// The spec of `call` on elements of `T` at this rank, in this communicator's mode.
+    fn spec<T: CpuType>(&self, call: Call) -> Result<CollectiveSpec, Error> {
+        Ok(call.spec(self.world_size(), self.rank, T::DATA_TYPE)?.with_mode(self.shared.config.mode))
     }
 
     /// AllReduce: `recv[i] = op over ranks of send[i]`; `recv` has `send.len()` elements.
-    pub fn all_reduce<S, R, T>(&self, send: &S, recv: &mut R, op: &ReduceOp) -> Result<(), Error>
+    pub fn all_reduce<S, R, T>(&self, send: &S, recv: &mut R, op: &ReduceOp) -> Result<Status, Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
         T: CpuType,
     {
         let send = send.host_region();
-        let spec = CollectiveSpec::all_reduce(self.world_u32(), T::DATA_TYPE, snac_op(op), elems::<T>(&send));
-        self.run(self.mode(spec), Bufs::Separate(send, recv.host_region_mut()))
+        let spec = self.spec::<T>(Call::AllReduce { len: elems::<T>(&send), op: *op })?;
+        self.run(spec, Bufs::Separate(send, recv.host_region_mut()))
     }
 
     /// In-place AllReduce.
@@ -428,10 +388,10 @@ impl CpuComm {
         &self,
         buf: &mut B,
         op: &ReduceOp,
-    ) -> Result<(), Error> {
+    ) -> Result<Status, Error> {
         let buf = buf.host_region_mut();
-        let spec = CollectiveSpec::all_reduce(self.world_u32(), T::DATA_TYPE, snac_op(op), elems::<T>(&buf));
-        self.run(self.mode(spec), Bufs::InPlace(buf))
+        let spec = self.spec::<T>(Call::AllReduce { len: elems::<T>(&buf), op: *op })?;
+        self.run(spec, Bufs::InPlace(buf))
     }
 
     /// AllGather: `recv` holds `world × send.len()` elements, rank `p`'s `send` at `p × send.len()`.
@@ -439,32 +399,31 @@ impl CpuComm {
         &self,
         send: &S,
         recv: &mut R,
-    ) -> Result<(), Error> {
+    ) -> Result<Status, Error> {
         let send = send.host_region();
-        let spec = CollectiveSpec::all_gather(self.world_u32(), T::DATA_TYPE, elems::<T>(&send));
-        self.run(self.mode(spec), Bufs::Separate(send, recv.host_region_mut()))
+        let spec = self.spec::<T>(Call::AllGather { len: elems::<T>(&send) })?;
+        self.run(spec, Bufs::Separate(send, recv.host_region_mut()))
     }
 
     /// In-place AllGather (NCCL's convention): this rank's contribution is already at
     /// `buf[rank × n .. (rank + 1) × n]`, `n = buf.len() / world`.
-    pub fn all_gather_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(&self, buf: &mut B) -> Result<(), Error> {
+    pub fn all_gather_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(&self, buf: &mut B) -> Result<Status, Error> {
         let buf = buf.host_region_mut();
-        let n = crate::comm::whole_partitions(elems::<T>(&buf) as usize, self.world_size(), "all_gather_in_place")?;
-        let spec = CollectiveSpec::all_gather(self.world_u32(), T::DATA_TYPE, n);
-        self.run(self.mode(spec), Bufs::InPlace(buf))
+        let spec = self.spec::<T>(Call::AllGatherInPlace { len: elems::<T>(&buf) })?;
+        self.run(spec, Bufs::InPlace(buf))
     }
 
     /// ReduceScatter: `send` holds `world × recv.len()` elements; rank `r` receives the
     /// reduction of every rank's partition `r`.
-    pub fn reduce_scatter<S, R, T>(&self, send: &S, recv: &mut R, op: &ReduceOp) -> Result<(), Error>
+    pub fn reduce_scatter<S, R, T>(&self, send: &S, recv: &mut R, op: &ReduceOp) -> Result<Status, Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
         T: CpuType,
     {
         let recv = recv.host_region_mut();
-        let spec = CollectiveSpec::reduce_scatter(self.world_u32(), T::DATA_TYPE, snac_op(op), elems::<T>(&recv));
-        self.run(self.mode(spec), Bufs::Separate(send.host_region(), recv))
+        let spec = self.spec::<T>(Call::ReduceScatter { len: elems::<T>(&recv), op: *op })?;
+        self.run(spec, Bufs::Separate(send.host_region(), recv))
     }
 
     /// In-place ReduceScatter (NCCL's convention): the result lands in this rank's partition
@@ -474,11 +433,10 @@ impl CpuComm {
         &self,
         buf: &mut B,
         op: &ReduceOp,
-    ) -> Result<(), Error> {
+    ) -> Result<Status, Error> {
         let buf = buf.host_region_mut();
-        let n = crate::comm::whole_partitions(elems::<T>(&buf) as usize, self.world_size(), "reduce_scatter_in_place")?;
-        let spec = CollectiveSpec::reduce_scatter(self.world_u32(), T::DATA_TYPE, snac_op(op), n);
-        self.run(self.mode(spec), Bufs::InPlace(buf))
+        let spec = self.spec::<T>(Call::ReduceScatterInPlace { len: elems::<T>(&buf), op: *op })?;
+        self.run(spec, Bufs::InPlace(buf))
     }
 
     /// AllToAll: `send` and `recv` hold `world × n` elements; partition `q` of `send` goes to
@@ -487,23 +445,22 @@ impl CpuComm {
         &self,
         send: &S,
         recv: &mut R,
-    ) -> Result<(), Error> {
+    ) -> Result<Status, Error> {
         let send = send.host_region();
-        let n = crate::comm::whole_partitions(elems::<T>(&send) as usize, self.world_size(), "all_to_all")?;
-        let spec = CollectiveSpec::all_to_all(self.world_u32(), T::DATA_TYPE, n);
-        self.run(self.mode(spec), Bufs::Separate(send, recv.host_region_mut()))
+        let spec = self.spec::<T>(Call::AllToAll { len: elems::<T>(&send) })?;
+        self.run(spec, Bufs::Separate(send, recv.host_region_mut()))
     }
 
     /// AllGatherV: rank `p` contributes `counts[p]` elements (`send.len() == counts[rank]`);
     /// `recv` holds their concatenation in rank order. Every rank passes the same `counts`.
-    pub fn all_gather_v<S, R, T>(&self, send: &S, recv: &mut R, counts: &[usize]) -> Result<(), Error>
+    pub fn all_gather_v<S, R, T>(&self, send: &S, recv: &mut R, counts: &[usize]) -> Result<Status, Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
         T: CpuType,
     {
-        let spec = CollectiveSpec::all_gather_v(self.world_u32(), T::DATA_TYPE, counts_u64(counts));
-        self.run(self.mode(spec), Bufs::Separate(send.host_region(), recv.host_region_mut()))
+        let spec = self.spec::<T>(Call::AllGatherV { counts: call::counts_u64(counts) })?;
+        self.run(spec, Bufs::Separate(send.host_region(), recv.host_region_mut()))
     }
 
     /// ReduceScatterV: rank `p` receives `counts[p]` reduced elements (`recv.len() ==
@@ -515,14 +472,14 @@ impl CpuComm {
         recv: &mut R,
         counts: &[usize],
         op: &ReduceOp,
-    ) -> Result<(), Error>
+    ) -> Result<Status, Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
         T: CpuType,
     {
-        let spec = CollectiveSpec::reduce_scatter_v(self.world_u32(), T::DATA_TYPE, snac_op(op), counts_u64(counts));
-        self.run(self.mode(spec), Bufs::Separate(send.host_region(), recv.host_region_mut()))
+        let spec = self.spec::<T>(Call::ReduceScatterV { counts: call::counts_u64(counts), op: *op })?;
+        self.run(spec, Bufs::Separate(send.host_region(), recv.host_region_mut()))
     }
 
     /// AllToAllV with the whole traffic matrix: `counts[src][dst]` elements go from rank `src`
@@ -532,41 +489,30 @@ impl CpuComm {
     /// column `r`'s in source order (`output_split_sizes = counts[*][r]`). The matrix, not
     /// just this rank's row and column, because the call's plans — and their verification —
     /// are made from the whole call.
-    pub fn all_to_all_v<S, R, T, C>(&self, send: &S, recv: &mut R, counts: &[C]) -> Result<(), Error>
+    pub fn all_to_all_v<S, R, T, C>(&self, send: &S, recv: &mut R, counts: &[C]) -> Result<Status, Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
         T: CpuType,
         C: AsRef<[usize]>,
     {
-        let m = counts.iter().map(|row| counts_u64(row.as_ref())).collect();
-        let spec = CollectiveSpec::all_to_all_v(self.world_u32(), T::DATA_TYPE, m);
-        self.run(self.mode(spec), Bufs::Separate(send.host_region(), recv.host_region_mut()))
-    }
-
-    fn check_root(&self, root: usize, what: &str) -> Result<(), Error> {
-        if root >= self.world_size() {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: root {root} is not in a world of {}",
-                self.world_size()
-            )));
-        }
-        Ok(())
+        let counts = counts.iter().map(|row| call::counts_u64(row.as_ref())).collect();
+        let spec = self.spec::<T>(Call::AllToAllV { counts })?;
+        self.run(spec, Bufs::Separate(send.host_region(), recv.host_region_mut()))
     }
 
     /// Broadcast from `root`: every rank's `recv` receives the root's `send` (the same
     /// length); `send` is read on the root only, as NCCL's. The AllGatherV in which only the
     /// root contributes (as `Comm::broadcast`).
-    pub fn broadcast<S, R, T>(&self, send: Option<&S>, recv: &mut R, root: usize) -> Result<(), Error>
+    pub fn broadcast<S, R, T>(&self, send: Option<&S>, recv: &mut R, root: i32) -> Result<Status, Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
         T: CpuType,
     {
-        self.check_root(root, "broadcast")?;
+        let root = call::rank_of(root, self.world_size(), "broadcast")?;
         let recv = recv.host_region_mut();
-        let counts = crate::comm::broadcast_counts(self.world_size(), root, elems::<T>(&recv) as usize);
-        let spec = self.mode(CollectiveSpec::all_gather_v(self.world_u32(), T::DATA_TYPE, counts));
+        let spec = self.spec::<T>(Call::Broadcast { len: elems::<T>(&recv), root })?;
         let send = match send {
             Some(send) if root == self.rank => send.host_region(),
             None if root == self.rank => {
@@ -583,28 +529,26 @@ impl CpuComm {
     pub fn broadcast_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
         &self,
         buf: &mut B,
-        root: usize,
-    ) -> Result<(), Error> {
-        self.check_root(root, "broadcast_in_place")?;
+        root: i32,
+    ) -> Result<Status, Error> {
+        let root = call::rank_of(root, self.world_size(), "broadcast_in_place")?;
         let buf = buf.host_region_mut();
-        let counts = crate::comm::broadcast_counts(self.world_size(), root, elems::<T>(&buf) as usize);
-        let spec = self.mode(CollectiveSpec::all_gather_v(self.world_u32(), T::DATA_TYPE, counts));
+        let spec = self.spec::<T>(Call::Broadcast { len: elems::<T>(&buf), root })?;
         self.run(spec, Bufs::InPlace(buf))
     }
 
     /// Reduce to `root`: the root's `recv` receives the reduction over ranks of `send` (the
     /// same length); `recv` is written on the root only, as NCCL's. The ReduceScatterV in
     /// which only the root receives (as `Comm::reduce`).
-    pub fn reduce<S, R, T>(&self, send: &S, recv: Option<&mut R>, op: &ReduceOp, root: usize) -> Result<(), Error>
+    pub fn reduce<S, R, T>(&self, send: &S, recv: Option<&mut R>, op: &ReduceOp, root: i32) -> Result<Status, Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
         T: CpuType,
     {
-        self.check_root(root, "reduce")?;
+        let root = call::rank_of(root, self.world_size(), "reduce")?;
         let send = send.host_region();
-        let counts = crate::comm::broadcast_counts(self.world_size(), root, elems::<T>(&send) as usize);
-        let spec = self.mode(CollectiveSpec::reduce_scatter_v(self.world_u32(), T::DATA_TYPE, snac_op(op), counts));
+        let spec = self.spec::<T>(Call::Reduce { len: elems::<T>(&send), op: *op, root })?;
         let recv = match recv {
             Some(recv) if root == self.rank => recv.host_region_mut(),
             None if root == self.rank => {
@@ -622,36 +566,35 @@ impl CpuComm {
         &self,
         buf: &mut B,
         op: &ReduceOp,
-        root: usize,
-    ) -> Result<(), Error> {
-        self.check_root(root, "reduce_in_place")?;
+        root: i32,
+    ) -> Result<Status, Error> {
+        let root = call::rank_of(root, self.world_size(), "reduce_in_place")?;
         let buf = buf.host_region_mut();
-        let counts = crate::comm::broadcast_counts(self.world_size(), root, elems::<T>(&buf) as usize);
-        let spec = self.mode(CollectiveSpec::reduce_scatter_v(self.world_u32(), T::DATA_TYPE, snac_op(op), counts));
+        let spec = self.spec::<T>(Call::Reduce { len: elems::<T>(&buf), op: *op, root })?;
         self.run(spec, Bufs::InPlace(buf))
     }
 
     /// Sends `send` to `peer`, whose matching [`CpuComm::recv`] receives it (as
     /// [`Comm::send`](crate::Comm::send): at world 2 the pair is the world, and the two calls
     /// are one AllToAllV of bytes; wider worlds answer [`Error::Unsupported`]).
-    pub fn send<S: CpuBuffer<T> + ?Sized, T: CpuType>(&self, send: &S, peer: usize) -> Result<(), Error> {
+    pub fn send<S: CpuBuffer<T> + ?Sized, T: CpuType>(&self, send: &S, peer: i32) -> Result<(), Error> {
         let send = send.host_region();
-        let to = Transfer { peer, bytes: send.bytes as u64 };
+        let to = Transfer { peer: call::rank_of(peer, self.world_size(), "send")?, bytes: send.bytes as u64 };
         let spec = point_to_point_spec(self.world_size(), self.rank, Some(to), None)?;
-        self.run_checked(spec, Bufs::Separate(send.plain(), HostRegion::empty()), true)
+        self.run_checked(spec, Bufs::Separate(send.plain(), HostRegion::empty()), true).map(drop)
     }
 
     /// Receives `recv` from `peer`, whose matching [`CpuComm::send`] sends as many bytes.
-    pub fn recv<R: CpuBufferMut<T> + ?Sized, T: CpuType>(&self, recv: &mut R, peer: usize) -> Result<(), Error> {
+    pub fn recv<R: CpuBufferMut<T> + ?Sized, T: CpuType>(&self, recv: &mut R, peer: i32) -> Result<Status, Error> {
         let recv = recv.host_region_mut();
-        let from = Transfer { peer, bytes: recv.bytes as u64 };
+        let from = Transfer { peer: call::rank_of(peer, self.world_size(), "recv")?, bytes: recv.bytes as u64 };
         let spec = point_to_point_spec(self.world_size(), self.rank, None, Some(from))?;
         self.run_checked(spec, Bufs::Separate(HostRegion::empty(), recv.plain()), true)
     }
 
     /// Sends `send` to `send_peer` and receives `recv` from `recv_peer` in one call
     /// ([`Comm::send_recv`](crate::Comm::send_recv)).
-    pub fn send_recv<S, R, T, U>(&self, send: &S, send_peer: usize, recv: &mut R, recv_peer: usize) -> Result<(), Error>
+    pub fn send_recv<S, R, T, U>(&self, send: &S, send_peer: i32, recv: &mut R, recv_peer: i32) -> Result<Status, Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<U> + ?Sized,
@@ -659,9 +602,10 @@ impl CpuComm {
         U: CpuType,
     {
         let (send, recv) = (send.host_region(), recv.host_region_mut());
-        let to = Transfer { peer: send_peer, bytes: send.bytes as u64 };
-        let from = Transfer { peer: recv_peer, bytes: recv.bytes as u64 };
-        let spec = point_to_point_spec(self.world_size(), self.rank, Some(to), Some(from))?;
+        let world = self.world_size();
+        let to = Transfer { peer: call::rank_of(send_peer, world, "send")?, bytes: send.bytes as u64 };
+        let from = Transfer { peer: call::rank_of(recv_peer, world, "recv")?, bytes: recv.bytes as u64 };
+        let spec = point_to_point_spec(world, self.rank, Some(to), Some(from))?;
         self.run_checked(spec, Bufs::Separate(send.plain(), recv.plain()), true)
     }
 
@@ -682,7 +626,7 @@ impl CpuComm {
         spec: &CollectiveSpec,
         send: &S,
         recv: &mut R,
-    ) -> Result<(), Error> {
+    ) -> Result<Status, Error> {
         self.run(spec.clone(), Bufs::Separate(send.host_region(), recv.host_region_mut()))
     }
 
@@ -693,7 +637,7 @@ impl CpuComm {
         &self,
         spec: &CollectiveSpec,
         buf: &mut B,
-    ) -> Result<(), Error> {
+    ) -> Result<Status, Error> {
         self.run(spec.clone(), Bufs::InPlace(buf.host_region_mut()))
     }
 
@@ -718,7 +662,7 @@ impl CpuComm {
                     self.rank
                 )));
             }
-            if let Some(q) = (0..self.world_u32()).find(|&q| need(q) > alloc.bytes() as u64) {
+            if let Some(q) = (0..self.world_size() as u32).find(|&q| need(q) > alloc.bytes() as u64) {
                 return Err(Error::InvalidArgument(format!(
                     "a symmetric buffer of {} bytes as the {what}: rank {q}'s needs {} bytes, and peers access every \
                      rank's buffer",
@@ -726,7 +670,7 @@ impl CpuComm {
                     need(q)
                 )));
             }
-            let mut bases = [(std::ptr::null_mut(), 0); crate::exec_device::MAX_WORLD];
+            let mut bases = [(std::ptr::null_mut(), 0); MAX_WORLD];
             for (q, b) in bases.iter_mut().enumerate().take(self.world_size()) {
                 let off = shift(q as u32) as usize;
                 // SAFETY: `off` ≤ `need(q)` ≤ the allocation's bytes per rank (checked above),
@@ -742,7 +686,7 @@ impl CpuComm {
                 Ok(PeerRegions::new(inputs, outputs))
             }
             Bufs::InPlace(buf) => {
-                let layout = |q: u32| crate::symmetric::in_place_layout(spec, q);
+                let layout = |q: u32| in_place_layout(spec, q);
                 let inputs = at(buf, &|q| layout(q).2, &|q| layout(q).0, "buffer")?;
                 let outputs = at(buf, &|q| layout(q).2, &|q| layout(q).1, "buffer")?;
                 Ok(PeerRegions::new(inputs, outputs))
@@ -752,7 +696,7 @@ impl CpuComm {
 
     /// Meets every rank before a checked call and checks they make the same call: a
     /// one-copy call on the same allocations (peers write into this rank's memory only then,
-    /// see [`crate::cpu_symmetric`]), a point-to-point call with the same sizes (a send here
+    /// see [`crate::cpu::buffer`]), a point-to-point call with the same sizes (a send here
     /// of as many bytes as the receive there). A rank that does not come poisons the world:
     /// the calls of the ranks that did come are lost, as with an expired executor wait.
     fn meet_checked_call(&self, mine: CheckedCall) -> Result<(), Error> {
@@ -780,14 +724,14 @@ impl CpuComm {
     }
 
     /// Validates, plans, verifies, runs. Nothing is written before every check has passed.
-    fn run(&self, spec: CollectiveSpec, bufs: Bufs<'_>) -> Result<(), Error> {
+    fn run(&self, spec: CollectiveSpec, bufs: Bufs<'_>) -> Result<Status, Error> {
         self.run_checked(spec, bufs, false)
     }
 
     /// [`CpuComm::run`]; `point_to_point`: meet the peer first and compare the calls, so a
     /// send and a receive of different sizes are an [`Error::Mismatch`] on both ranks before
     /// anything moves, not a wait that expires.
-    fn run_checked(&self, spec: CollectiveSpec, bufs: Bufs<'_>, point_to_point: bool) -> Result<(), Error> {
+    fn run_checked(&self, spec: CollectiveSpec, bufs: Bufs<'_>, point_to_point: bool) -> Result<Status, Error> {
         let rank = self.rank as u32;
         let sh = &*self.shared;
         if spec.world as usize != self.world_size() {
@@ -911,7 +855,7 @@ impl CpuComm {
             one_copy,
             verified: verdict.coverage.clone(),
         });
-        Ok(())
+        Ok(Status::Success)
     }
 }
 
@@ -928,8 +872,9 @@ pub struct CpuGroup<'g> {
 impl<'g> CpuGroup<'g> {
     /// Holds a send of `send` to `peer` until the group ends; the group's k-th send meets
     /// the peer's k-th receive from this rank.
-    pub fn send<S: CpuBuffer<T> + ?Sized, T: CpuType>(&mut self, send: &'g S, peer: usize) -> Result<(), Error> {
+    pub fn send<S: CpuBuffer<T> + ?Sized, T: CpuType>(&mut self, send: &'g S, peer: i32) -> Result<(), Error> {
         let region = send.host_region().plain();
+        let peer = call::rank_of(peer, self.comm.world_size(), "send")?;
         let transfer = Transfer { peer, bytes: region.bytes as u64 };
         point_to_point_spec(self.comm.world_size(), self.comm.rank, Some(transfer), None)?;
         self.sends.push((transfer, region));
@@ -938,28 +883,33 @@ impl<'g> CpuGroup<'g> {
 
     /// Holds a receive into `recv` from `peer` until the group ends; the group's k-th
     /// receive meets the peer's k-th send to this rank.
-    pub fn recv<R: CpuBufferMut<T> + ?Sized, T: CpuType>(&mut self, recv: &'g mut R, peer: usize) -> Result<(), Error> {
+    pub fn recv<R: CpuBufferMut<T> + ?Sized, T: CpuType>(
+        &mut self,
+        recv: &'g mut R,
+        peer: i32,
+    ) -> Result<Status, Error> {
         let region = recv.host_region_mut().plain();
+        let peer = call::rank_of(peer, self.comm.world_size(), "recv")?;
         let transfer = Transfer { peer, bytes: region.bytes as u64 };
         point_to_point_spec(self.comm.world_size(), self.comm.rank, None, Some(transfer))?;
         self.recvs.push((transfer, region));
-        Ok(())
+        Ok(Status::Success)
     }
 
     /// Ends the group now, running the held calls in order and returning the first failure
     /// (after which the rest do not run).
-    pub fn end(mut self) -> Result<(), Error> {
+    pub fn end(mut self) -> Result<Status, Error> {
         self.run_held()
     }
 
-    fn run_held(&mut self) -> Result<(), Error> {
+    fn run_held(&mut self) -> Result<Status, Error> {
         let c = self.comm;
         for (send, recv) in paired(std::mem::take(&mut self.sends), std::mem::take(&mut self.recvs)) {
             let spec = point_to_point_spec(c.world_size(), c.rank, send.map(|s| s.0), recv.map(|r| r.0))?;
             let region = |side: Option<(Transfer, HostRegion<'g>)>| side.map_or_else(HostRegion::empty, |s| s.1);
             c.run_checked(spec, Bufs::Separate(region(send), region(recv)), true)?;
         }
-        Ok(())
+        Ok(Status::Success)
     }
 }
 

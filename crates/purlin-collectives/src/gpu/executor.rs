@@ -20,9 +20,9 @@ use cudarc::nvrtc::Ptx;
 use purlin_atom::{Arch, AtomSpec, DType, Generation, KernelCache};
 use purlin_snac::{PacketFormat, Plan, ReduceOp};
 
+use crate::call::types::atom_dtype;
 use crate::error::{Error, driver};
-use crate::host_exec::atom_dtype;
-use crate::kernels::{
+use crate::gpu::kernels::{
     EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, ExecKey, ExecOp, ShapedKey, executor_keys, packet_bytes_for,
 };
 
@@ -161,7 +161,8 @@ impl EntryPoints {
             EntryPoints { by_value: entry(name)?, global: entry(&format!("{name}_global"))?, _module: module };
         let mut bound = u32::MAX;
         for function in [&entries.by_value, &entries.global] {
-            bound = bound.min(crate::device::max_coresident_blocks(function, atom.threads(), smem as usize, sm_count)?);
+            bound =
+                bound.min(crate::gpu::ipc::max_coresident_blocks(function, atom.threads(), smem as usize, sm_count)?);
         }
         Ok((entries, bound))
     }
@@ -262,7 +263,7 @@ fn exec_op(op: Option<ReduceOp>) -> ExecOp {
 impl DeviceExecutor {
     /// Compiles (through `cache`) and loads every executor key for `generation` on `ctx` —
     /// the interpreter and, unless `PURLIN_SHAPED=0`, the shaped executor with the block
-    /// shapes of `world` ([`crate::kernels::shape_catalog`]) — and computes this GPU's
+    /// shapes of `world` ([`crate::gpu::kernels::shape_catalog`]) — and computes this GPU's
     /// co-residency bound for the interpreter (occupancy × SMs, the minimum over the keys).
     ///
     /// Every module loads here, at set-up: loading one may synchronize the GPU, which must

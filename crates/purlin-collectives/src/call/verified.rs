@@ -126,7 +126,7 @@ pub fn verified(spec: &CollectiveSpec, cfg: &PlanConfig, opts: &Options) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tuning::{PlanLimits, Tuning, plan_fitting};
+    use crate::call::tuning::{PlanLimits, Tuning, plan_fitting};
     use purlin_snac::{PacketFormat, ReduceOp};
 
     /// What `Comm` verifies under `PURLIN_VERIFY=1`: world 2 with the GPU table, the
@@ -135,7 +135,7 @@ mod tests {
     /// staged and one-copy; every plan set passes and each rank's plan is the verified one.
     #[test]
     fn the_gpu_table_at_world_2_verifies() {
-        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
+        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::gpu::kernels::EXEC_PARAM_WORDS;
         let mut checked = 0;
         for (peer_outputs, peer_inputs) in [(false, false), (true, false), (true, true)] {
             let workspace = crate::workspace::WorkspaceConfig::default();
@@ -175,7 +175,8 @@ mod tests {
             peer_outputs: false,
             peer_inputs: false,
         };
-        let (plan, cfg) = crate::tuning::plan_and_config(&spec, 0, false, &Tuning::default(), &limits).expect("plan");
+        let (plan, cfg) =
+            crate::call::tuning::plan_and_config(&spec, 0, false, &Tuning::default(), &limits).expect("plan");
         let verdict = verified(&spec, &cfg, &default_budget()).expect("verified");
         assert!(verdict.twin_is_spec);
         verdict.covers(&plan).expect("the derived plan");

@@ -1,6 +1,6 @@
 //! Host symmetric memory: the [`crate::CpuComm`] twin of [`crate::SymmetricBuffer`], so the
 //! one-copy plans (peers store straight into every rank's output, or reduce straight from
-//! every rank's input; [`crate::symmetric`] says which collectives) run on the host executor
+//! every rank's input; [`crate::gpu::comm::symmetric`] says which collectives) run on the host executor
 //! through the public API, not only in its tests.
 //!
 //! Every rank of a world allocates one together ([`crate::CpuComm::alloc_symmetric`]), and
@@ -39,8 +39,37 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::cpu::CpuType;
+use purlin_atom::{F8E4M3, F8E5M2};
+use purlin_snac::DataType;
+
 use crate::error::Error;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The element types host collectives accept: cudarc's NCCL set (`f32`, `f64`, `i8`, `u8`,
+/// `i32`, `u32`, `i64`, `u64`, `half::f16`, `half::bf16`) plus the two fp8 formats.
+/// Gathers (AllGather, AllToAll and their V forms) move any of them; reductions need a type
+/// the Atom reduces (f32, f16, bf16, fp8 e4m3/e5m2, i32, u32), others get
+/// [`Error::Unsupported`].
+pub trait CpuType: sealed::Sealed + Copy + Send + Sync + 'static {
+    /// The element type of a spec.
+    const DATA_TYPE: DataType;
+}
+
+macro_rules! cpu_type {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(
+            impl sealed::Sealed for $t {}
+            impl CpuType for $t {
+                const DATA_TYPE: DataType = DataType::$d;
+            }
+        )*
+    };
+}
+cpu_type!(f32 => F32, f64 => F64, i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64,
+    half::f16 => F16, half::bf16 => Bf16, F8E4M3 => F8E4M3, F8E5M2 => F8E5M2);
 
 /// One rank's bytes of a symmetric allocation.
 struct Slot {

@@ -500,7 +500,7 @@ mod tests {
 
     #[test]
     fn every_collective_gets_a_plan_that_fits_at_every_world() {
-        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
+        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::gpu::kernels::EXEC_PARAM_WORDS;
         for world in [2u32, 3, 4, 8, 16] {
             for bytes in [8u64, 4096, 1 << 20, 256 << 20] {
                 let n = (bytes / 4 / u64::from(world)).max(1);
@@ -573,7 +573,7 @@ mod tests {
     /// verifier together.
     #[test]
     fn capped_plans_stay_under_the_cap_and_verify() {
-        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::kernels::EXEC_PARAM_WORDS;
+        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::gpu::kernels::EXEC_PARAM_WORDS;
         let opts = purlin_snac::verify::Options { max_states: 2_000, schedules: 4, ..Default::default() };
         for world in [2u32, 3, 4] {
             let w = u64::from(world);

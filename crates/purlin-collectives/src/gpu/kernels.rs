@@ -5,27 +5,27 @@ use purlin_atom::{AtomSpec, DType, Generation, TranslationUnit};
 use purlin_snac::{Plan, Regime, ShapeOp};
 
 /// The memory-ordering primitives of the protocol (DESIGN.md §3.6).
-pub const SYNC_CUH: &str = include_str!("../../../kernels/snac/sync.cuh");
+pub const SYNC_CUH: &str = include_str!("../../../../kernels/snac/sync.cuh");
 /// The device smoke-test kernels.
-pub const SMOKE_CU: &str = include_str!("../../../kernels/snac/smoke.cu");
+pub const SMOKE_CU: &str = include_str!("../../../../kernels/snac/smoke.cu");
 
 /// The torn-packet stress test (latency regime's 16-byte packets).
-pub const PACKET_STRESS_CU: &str = include_str!("../../../kernels/snac/packet_stress.cu");
+pub const PACKET_STRESS_CU: &str = include_str!("../../../../kernels/snac/packet_stress.cu");
 
 /// The latency-floor experiment (`examples/latency_floor.rs`): launch shapes and the least
 /// one-shot exchange, measured beside the executor.
-pub const LATENCY_FLOOR_CU: &str = include_str!("../../../kernels/snac/latency_floor.cu");
+pub const LATENCY_FLOOR_CU: &str = include_str!("../../../../kernels/snac/latency_floor.cu");
 /// The payload-alignment probe of the device smoke test.
-pub const PAYLOAD_PROBE_CU: &str = include_str!("../../../kernels/snac/payload_probe.cu");
+pub const PAYLOAD_PROBE_CU: &str = include_str!("../../../../kernels/snac/payload_probe.cu");
 
 /// The CUDA side of the parameter block's header (checked against purlin-snac's layout).
-pub const PARAMS_CUH: &str = include_str!("../../../kernels/snac/params.cuh");
+pub const PARAMS_CUH: &str = include_str!("../../../../kernels/snac/params.cuh");
 /// What both device executors share: per-call pointers, record access, packets, failures.
-pub const EXEC_CUH: &str = include_str!("../../../kernels/snac/exec.cuh");
+pub const EXEC_CUH: &str = include_str!("../../../../kernels/snac/exec.cuh");
 /// The device executor: interprets a SNAC plan, one kernel per call.
-pub const EXECUTOR_CU: &str = include_str!("../../../kernels/snac/executor.cu");
+pub const EXECUTOR_CU: &str = include_str!("../../../../kernels/snac/executor.cu");
 /// The shaped executor: latency plans of compiled-in shapes, steps unrolled.
-pub const SHAPED_CU: &str = include_str!("../../../kernels/snac/shaped.cu");
+pub const SHAPED_CU: &str = include_str!("../../../../kernels/snac/shaped.cu");
 
 /// The reduction an executor kernel is compiled for (gathers use [`ExecOp::Copy`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

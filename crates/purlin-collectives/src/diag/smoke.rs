@@ -88,7 +88,7 @@ pub fn run(cache: &KernelCache) -> Result<SmokeReport, SmokeError> {
     if count == 0 {
         return Err(SmokeError::NoDevice);
     }
-    let unit = crate::kernels::smoke_unit();
+    let unit = crate::gpu::kernels::smoke_unit();
     let mut contexts = Vec::new();
     let mut modules = Vec::new();
     let mut devices = Vec::new();
@@ -248,7 +248,7 @@ pub fn packet_stress(cache: &KernelCache, pairs: u32, per_block: u32, rounds: u3
     if !enable_peer_access(&contexts[0], &contexts[1])?.iter().all(|p| p.2) {
         return Err(SmokeError::Wrong { device: 0, what: "no peer access between GPUs 0 and 1".into() });
     }
-    let unit = crate::kernels::packet_stress_unit();
+    let unit = crate::gpu::kernels::packet_stress_unit();
     let window_bytes = 2 * pairs as usize * per_block as usize * 16;
     let mut windows = Vec::new();
     let mut acks = Vec::new();
@@ -317,7 +317,7 @@ pub fn payload_round_trip(cache: &KernelCache, packet_bytes: u32) -> Result<usiz
     let arch = arch_of(&ctx)?;
     let generation =
         purlin_atom::Generation::for_arch(arch).map_err(|e| SmokeError::Wrong { device: 0, what: e.to_string() })?;
-    let (module, _) = load_unit(&ctx, cache, &crate::kernels::payload_probe_unit(generation, packet_bytes), arch)?;
+    let (module, _) = load_unit(&ctx, cache, &crate::gpu::kernels::payload_probe_unit(generation, packet_bytes), arch)?;
     let probe = module.load_function("purlin_payload_probe")?;
     let payload = packet_bytes as usize / 2;
     let cases = 64 * (payload + 1);

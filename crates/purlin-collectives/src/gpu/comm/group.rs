@@ -3,7 +3,9 @@
 
 use cudarc::driver::{CudaView, CudaViewMut, SyncOnDrop};
 
-use super::{Comm, NcclType, ReduceOp, Status, Transfer, byte_len, point_to_point_spec};
+use super::Comm;
+use crate::call::types::{NcclType, ReduceOp, Status};
+use crate::call::{Transfer, byte_len, paired, point_to_point_spec, rank_of};
 use crate::error::Error;
 
 thread_local! {
@@ -117,7 +119,7 @@ impl<'g> Group<'g> {
     /// Holds a send to `peer` until the group ends ([`Comm::send`]); the group's k-th send
     /// meets the peer's k-th receive from this rank.
     pub fn send<'s: 'g, T: NcclType>(&mut self, data: CudaView<'s, T>, peer: i32) -> Result<(), Error> {
-        let transfer = Transfer { peer: self.comm.check_peer(peer)?, bytes: byte_len::<T>(data.len()) };
+        let transfer = Transfer { peer: rank_of(peer, self.comm.world, "send")?, bytes: byte_len::<T>(data.len()) };
         point_to_point_spec(self.comm.world, self.comm.rank, Some(transfer), None)?;
         self.comm.check_device(&data)?;
         let (ptr, record) = data.view_ptr(&self.comm.stream);
@@ -128,7 +130,7 @@ impl<'g> Group<'g> {
     /// Holds a receive from `peer` until the group ends ([`Comm::recv`]); the group's k-th
     /// receive meets the peer's k-th send to this rank.
     pub fn recv<'r: 'g, T: NcclType>(&mut self, buff: CudaViewMut<'r, T>, peer: i32) -> Result<Status, Error> {
-        let transfer = Transfer { peer: self.comm.check_peer(peer)?, bytes: byte_len::<T>(buff.len()) };
+        let transfer = Transfer { peer: rank_of(peer, self.comm.world, "recv")?, bytes: byte_len::<T>(buff.len()) };
         point_to_point_spec(self.comm.world, self.comm.rank, None, Some(transfer))?;
         self.comm.check_device(&buff)?;
         let (ptr, record) = buff.view_ptr_mut(&self.comm.stream);
@@ -227,29 +229,5 @@ impl<'g> Group<'g> {
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
         self.comm.reduce_scatter(&sendbuff, &mut recvbuff, reduce_op)
-    }
-}
-
-/// The calls a group's held sends and receives make at its end, in order: the k-th send with
-/// the k-th receive, the longer list's rest alone (also `CpuGroup`'s).
-pub(crate) fn paired<S, R>(sends: Vec<S>, recvs: Vec<R>) -> impl Iterator<Item = (Option<S>, Option<R>)> {
-    let (mut sends, mut recvs) = (sends.into_iter(), recvs.into_iter());
-    std::iter::from_fn(move || match (sends.next(), recvs.next()) {
-        (None, None) => None,
-        pair => Some(pair),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::paired;
-
-    #[test]
-    fn the_kth_send_runs_with_the_kth_receive_and_the_rest_alone() {
-        let calls: Vec<_> = paired(vec!["s1", "s2", "s3"], vec!["r1"]).collect();
-        assert_eq!(calls, [(Some("s1"), Some("r1")), (Some("s2"), None), (Some("s3"), None)]);
-        let calls: Vec<_> = paired(Vec::<&str>::new(), vec!["r1", "r2"]).collect();
-        assert_eq!(calls, [(None, Some("r1")), (None, Some("r2"))]);
-        assert_eq!(paired(Vec::<u8>::new(), Vec::<u8>::new()).count(), 0);
     }
 }

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use cudarc::driver::{CudaFunction, CudaModule};
 
+use crate::bootstrap::DEFAULT_TIMEOUT;
+use crate::call::tuning::Tuning;
 use crate::error::Error;
-use crate::host::DEFAULT_TIMEOUT;
-use crate::tuning::Tuning;
 use crate::workspace::WorkspaceConfig;
 
 /// Communicator settings. [`CommConfig::from_env`] is what the cudarc-shaped constructors use.
@@ -39,7 +39,7 @@ pub struct CommConfig {
     /// `PURLIN_VERIFY_STATES` and `PURLIN_VERIFY_SCHEDULES`); a rejected plan never runs.
     /// `None` (the default): plans run as derived, the tuning table being verified in CI,
     /// because a key's first verification takes milliseconds at world 2 but seconds to
-    /// minutes at worlds 4 and 8 ([`crate::verification`]).
+    /// minutes at worlds 4 and 8 ([`crate::call::verified`]).
     pub verify: Option<purlin_snac::verify::Options>,
     /// The call check (on by default; `PURLIN_CALL_CHECK=0` turns it off): every launch has
     /// one more block that compares a digest of the call with the peers', so ranks that make
@@ -127,7 +127,7 @@ impl CommConfig {
         // On unless set to 0.
         c.call_check = std::env::var_os("PURLIN_CALL_CHECK").is_none() || switch_from_env("PURLIN_CALL_CHECK")?;
         if switch_from_env("PURLIN_VERIFY")? {
-            c.verify = Some(crate::verification::budget_from_env(crate::verification::default_budget())?);
+            c.verify = Some(crate::call::verified::budget_from_env(crate::call::verified::default_budget())?);
         }
         if let Ok(text) = std::env::var("PURLIN_TIMEOUT_S") {
             let secs: f64 = text

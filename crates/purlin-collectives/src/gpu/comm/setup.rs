@@ -11,10 +11,10 @@ use purlin_atom::{Arch, KernelCache};
 use purlin_topo::{Device, GenerationHint};
 
 use super::{CoResidency, Comm, CommConfig, KernelRequest, LoadedKernel, Owner};
-use crate::device::{IpcBackend, PeerBackend, max_coresident_blocks};
+use crate::bootstrap::HostComm;
 use crate::error::{Error, driver};
-use crate::exec_device::DeviceExecutor;
-use crate::host::HostComm;
+use crate::gpu::executor::DeviceExecutor;
+use crate::gpu::ipc::{IpcBackend, PeerBackend, max_coresident_blocks};
 use crate::workspace::{SymmetricWorkspace, WorkspaceLayout};
 
 /// Turns this rank's outcome of a step into everyone's: all ranks exchange their status;
@@ -193,7 +193,7 @@ pub(super) fn setup(
             let bound = max_coresident_blocks(&function, block, smem, device.sm_count)?;
             Ok::<_, Error>((module, function, bound))
         };
-        let smoke = load(&crate::kernels::smoke_unit(), "purlin_smoke_pingpong", 32, 0)?;
+        let smoke = load(&crate::gpu::kernels::smoke_unit(), "purlin_smoke_pingpong", 32, 0)?;
         let generation = purlin_atom::Generation::choose(arch, None)
             .map_err(|e| Error::Unsupported(format!("no Atom for this GPU: {e}")))?;
         let exec = DeviceExecutor::load(&ctx, &cache, arch, generation, device.sm_count, world as u32)?;

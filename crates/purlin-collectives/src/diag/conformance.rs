@@ -5,7 +5,7 @@
 //! This is not an API for programs. It exists so a test can show that the device executor
 //! runs the plan it is handed and nothing else: a plan with one region shifted by one must
 //! fail the output check on the GPU, and the (block, step, chunk, epoch) trace the kernel
-//! records must equal the host executor's ([`crate::host_exec::HostWorld::execute`]) for the
+//! records must equal the host executor's ([`crate::cpu::executor::HostWorld::execute`]) for the
 //! same plan. Everything here is `#[doc(hidden)]`.
 //!
 //! The kernel's trace (`kernels/snac/executor.cu`, `trace`): per block, `capacity` entries of
@@ -23,9 +23,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use purlin_snac::{CollectiveSpec, Plan, Step};
 
-use crate::comm::{Comm, NcclType};
+use crate::call::types::NcclType;
+use crate::cpu::executor::TraceEntry;
 use crate::error::{Error, driver};
-use crate::host_exec::TraceEntry;
+use crate::gpu::comm::Comm;
 
 /// The opcode of a chunk loop record (`purlin_snac::params`, module docs).
 const OP_LOOP: u64 = 1;

@@ -1,0 +1,149 @@
+//! The launch path of [`Comm`]: a call's plan, derived and verified once per key and kept
+//! with its parameter block, its call number, and its one launch on this rank's stream.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use purlin_snac::{CollectiveSpec, Plan};
+
+use super::Comm;
+use crate::call::tuning::PlanLimits;
+use crate::call::types::Status;
+use crate::error::Error;
+use crate::gpu::executor::{ExecParams, ExecRuntime};
+
+/// A plan ready to launch: the plan and its parameter block.
+#[derive(Debug)]
+pub(crate) struct PreparedPlan {
+    pub(crate) plan: Plan,
+    params: ExecParams,
+}
+
+/// Every rank's input and output as mapped here, where a call's are symmetric buffers.
+#[derive(Debug, Default)]
+pub(crate) struct PeerBuffers {
+    pub(crate) inputs: Option<[u64; purlin_snac::MAX_WORLD]>,
+    pub(crate) outputs: Option<[u64; purlin_snac::MAX_WORLD]>,
+}
+
+impl PeerBuffers {
+    /// (inputs symmetric, outputs symmetric).
+    pub(crate) fn flags(&self) -> (bool, bool) {
+        (self.inputs.is_some(), self.outputs.is_some())
+    }
+
+    /// Puts every rank's symmetric input and output, where there are some, into a call's
+    /// runtime pointers (one-copy plans read them; other plans never do).
+    pub(crate) fn fill(&self, rt: &mut crate::gpu::executor::ExecRuntime) {
+        if let Some(p) = self.outputs {
+            rt.peer_output = p;
+        }
+        if let Some(p) = self.inputs {
+            rt.peer_input = p;
+        }
+    }
+}
+
+/// What a prepared plan depends on besides the communicator: the spec, in-place-ness, and
+/// whether the input and the output are symmetric buffers.
+pub(super) type PlanKey = (CollectiveSpec, bool, bool, bool);
+
+impl Comm {
+    /// The plan of a call, derived once per (spec, in place, which buffers are symmetric) and
+    /// kept with its parameter block.
+    pub(crate) fn prepared(
+        &self,
+        spec: CollectiveSpec,
+        in_place: bool,
+        (peer_inputs, peer_outputs): (bool, bool),
+    ) -> Result<Arc<PreparedPlan>, Error> {
+        let key = (spec, in_place, peer_inputs, peer_outputs);
+        if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(p.clone());
+        }
+        let limits = PlanLimits::of_workspace(
+            &self.layout.config,
+            self.exec_bound.min(self.layout.config.epoch_words as u32),
+            self.exec.packet(),
+            peer_outputs,
+            peer_inputs,
+        );
+        let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::gpu::kernels::EXEC_PARAM_WORDS;
+        let (plan, cfg) =
+            crate::call::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
+        if let Some(budget) = &self.verify {
+            let budget =
+                purlin_snac::verify::Options { max_coresident_blocks: Some(limits.max_coresident_blocks), ..*budget };
+            crate::call::verified::verified(&key.0, &cfg, &budget)?.covers(&plan)?;
+        }
+        self.layout.check_resources(&plan.resources)?;
+        self.exec.check_supported(&plan)?;
+        let call_bytes = plan.spec.input_bytes(plan.rank).max(plan.spec.output_bytes(plan.rank));
+        let params = self.exec.params(&plan, call_bytes <= self.tuning.device_params_max_bytes)?;
+        let prepared = Arc::new(PreparedPlan { plan, params });
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(key, prepared.clone());
+        Ok(prepared)
+    }
+
+    /// The call check's number for the next launch (`Runtime::call_number`): every rank
+    /// counts its launches, so ranks that make the same calls number them alike; 0 (no
+    /// check block) where the check is off.
+    pub(crate) fn next_call_number(&self) -> u32 {
+        if !self.call_check {
+            return 0;
+        }
+        // 1..=u32::MAX, cycling: the remainder fits a u32, and the +1 keeps 0 for "off".
+        let launched = self.calls_launched.fetch_add(1, Ordering::Relaxed);
+        (launched % u64::from(u32::MAX)) as u32 + 1
+    }
+
+    /// The pointers of one call.
+    pub(crate) fn runtime(&self, input: u64, output: u64) -> ExecRuntime {
+        let mut rt = ExecRuntime {
+            input,
+            output,
+            counters: self.addrs[self.rank] + self.layout.counters.offset as u64,
+            epochs: self.addrs[self.rank] + self.layout.epochs.offset as u64,
+            control: self.addrs[self.rank] + self.layout.control.offset as u64,
+            timeout_ns: u64::try_from(self.device_timeout.as_nanos()).unwrap_or(u64::MAX),
+            ..ExecRuntime::default()
+        };
+        for (r, base) in self.addrs.iter().enumerate() {
+            rt.staging[r] = base + self.layout.staging.offset as u64;
+            rt.window[r] = base + self.layout.window.offset as u64;
+            rt.flags[r] = base + self.layout.flags.offset as u64;
+        }
+        rt
+    }
+
+    /// Launches a prepared plan on `input` and `output`, device pointers of this GPU that the
+    /// caller checked hold the plan's input and output bytes; `peers`: every rank's
+    /// symmetric input and output as mapped here, for one-copy plans.
+    pub(super) fn launch_prepared(
+        &self,
+        prepared: &PreparedPlan,
+        input: u64,
+        output: u64,
+        peers: &PeerBuffers,
+    ) -> Result<Status, Error> {
+        if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(Error::Poisoned(why));
+        }
+        let mut rt = self.runtime(input, output);
+        peers.fill(&mut rt);
+        if prepared.plan.grid() > 0 {
+            rt.call_number = self.next_call_number(); // an empty call launches nothing, on every rank
+        }
+        // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
+        // checked (in place: one buffer that holds the plan's input and output at their alias
+        // offsets, checked by `collective_in_place`; 0 for a side of no bytes, which no step
+        // touches), kept alive by the caller's borrow until the launch
+        // is enqueued and ordered by cudarc's stream events; the workspace addresses are
+        // every rank's live workspace, mapped here until teardown, which synchronises first;
+        // peer inputs and outputs are symmetric allocations of this communicator, mapped here
+        // until teardown, each holding what the spec has every rank read or write there
+        // (`peer_buffers`), accessed by the plan only between the peer's entry and exit.
+        unsafe { self.exec.launch(&self.stream, &prepared.plan, &prepared.params, &rt) }?;
+        Ok(Status::Success)
+    }
+}

@@ -1,0 +1,8 @@
+//! The GPU backend: [`Comm`] (shaped like `cudarc::nccl::Comm`), the device executor that
+//! launches a plan as one kernel, the catalogue of CUDA translation units, and the CUDA-IPC
+//! and peer-access backends of the symmetric workspace.
+
+pub mod comm;
+pub mod executor;
+pub mod ipc;
+pub mod kernels;
