@@ -306,3 +306,137 @@ fn is_call(s: &str) -> bool {
     let rest = s.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_');
     rest.trim_start().starts_with('(')
 }
+
+/// The code of a Rust file that the library builds: comments removed, and everything from
+/// the first `#[cfg(test)]` on dropped (unit tests sit at the end of a file and may reach
+/// anywhere).
+pub fn library_code(text: &str) -> String {
+    let code = strip_comments(text);
+    match code.find("#[cfg(test)]") {
+        Some(at) => code[..at].to_string(),
+        None => code,
+    }
+}
+
+/// The top-level module of a file under `src` (`src/gpu/comm/mod.rs` → `gpu`,
+/// `src/workspace.rs` → `workspace`); `None` for the crate root and files elsewhere.
+pub fn top_module(path: &str, src: &str) -> Option<String> {
+    let rest = path.strip_prefix(src)?.strip_prefix('/')?;
+    let first = rest.split('/').next()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    (name != "lib" && name != "main").then(|| name.to_string())
+}
+
+/// The modules a piece of code names through `crate::NAME` paths.
+fn crate_paths(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (at, _) in code.match_indices("crate::") {
+        // `crate::` inside `purlin_crate::` or the like is not a crate path.
+        if code[..at].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let name: String =
+            code[at + "crate::".len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if !name.is_empty() {
+            out.insert(name);
+        }
+    }
+    out
+}
+
+/// The crate's top-level modules and the ones each names (`crate::` paths in library code).
+pub fn module_graph(files: &[SourceFile], src: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let Some(from) = top_module(&f.path, src) else { continue };
+        let names = crate_paths(&library_code(&f.text));
+        graph.entry(from.clone()).or_default().extend(names.into_iter().filter(|n| *n != from));
+    }
+    let modules: BTreeSet<String> = graph.keys().cloned().collect();
+    // Items re-exported at the crate root (`crate::Error`) are not modules.
+    for names in graph.values_mut() {
+        names.retain(|n| modules.contains(n));
+    }
+    graph
+}
+
+/// No cycle among the crate's top-level modules: each names only modules below it.
+pub fn check_no_module_cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Result<(), String> {
+    // Depth-first search for a back edge, reporting the cycle it closes.
+    fn visit(
+        n: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Result<(), String> {
+        if let Some(at) = path.iter().position(|p| p == n) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(n.to_string());
+            return Err(format!("module cycle: {}", cycle.join(" → ")));
+        }
+        if done.contains(n) {
+            return Ok(());
+        }
+        path.push(n.to_string());
+        for m in graph.get(n).into_iter().flatten() {
+            visit(m, graph, path, done)?;
+        }
+        path.pop();
+        done.insert(n.to_string());
+        Ok(())
+    }
+    let mut done = BTreeSet::new();
+    for n in graph.keys() {
+        visit(n, graph, &mut Vec::new(), &mut done)?;
+    }
+    Ok(())
+}
+
+/// The backend-neutral modules (`neutral`) name no module in `forbidden` (the GPU backend)
+/// and never cudarc, in library code.
+pub fn check_neutral_modules_know_no_gpu(
+    files: &[SourceFile],
+    src: &str,
+    neutral: &[&str],
+    forbidden: &[&str],
+) -> Result<(), String> {
+    let graph = module_graph(files, src);
+    let mut bad = Vec::new();
+    for n in neutral {
+        for f in graph.get(*n).into_iter().flatten().filter(|m| forbidden.contains(&m.as_str())) {
+            bad.push(format!("{n} names crate::{f}"));
+        }
+    }
+    for f in files.iter().filter(|f| top_module(&f.path, src).is_some_and(|m| neutral.contains(&m.as_str()))) {
+        if library_code(&f.text).contains("cudarc") {
+            bad.push(format!("{} names cudarc", f.path));
+        }
+    }
+    if bad.is_empty() { Ok(()) } else { Err(bad.join("; ")) }
+}
+
+/// `const MAX_WORLD` is defined once, in purlin-snac (library code of every crate).
+pub fn check_one_max_world(files: &[SourceFile]) -> Result<(), String> {
+    let defs: Vec<&str> = files
+        .iter()
+        .filter(|f| f.path.ends_with(".rs") && library_code(&f.text).contains("const MAX_WORLD"))
+        .map(|f| f.path.as_str())
+        .collect();
+    match defs[..] {
+        [one] if one.starts_with("crates/purlin-snac/src/") => Ok(()),
+        _ => Err(format!("MAX_WORLD is defined in {defs:?}; it must be defined once, in purlin-snac")),
+    }
+}
+
+/// kernels' `kMaxWorld` is purlin-snac's `MAX_WORLD`.
+pub fn check_kernels_max_world(kernels: &[SourceFile], max_world: usize) -> Result<(), String> {
+    let want = format!("kMaxWorld = {max_world};");
+    let defs: Vec<&SourceFile> = kernels.iter().filter(|f| strip_comments(&f.text).contains("kMaxWorld =")).collect();
+    if defs.is_empty() {
+        return Err("no kMaxWorld definition under kernels/".into());
+    }
+    match defs.iter().find(|f| !strip_comments(&f.text).contains(&want)) {
+        Some(f) => Err(format!("{}: kMaxWorld is not {max_world} (purlin-snac's MAX_WORLD)", f.path)),
+        None => Ok(()),
+    }
+}

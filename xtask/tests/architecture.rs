@@ -138,3 +138,65 @@ fn clippy_bans_the_multicast_driver_calls() {
         assert!(toml.contains(&format!("\"{path}\"")), "{path} is not in clippy.toml's disallowed-methods");
     }
 }
+
+const COLLECTIVES_SRC: &str = "crates/purlin-collectives/src";
+
+fn collectives_sources() -> Vec<SourceFile> {
+    let files = read_sources(&xtask::workspace_root(), COLLECTIVES_SRC, &[".rs"]);
+    assert!(files.len() > 10, "purlin-collectives' sources were not found");
+    files
+}
+
+#[test]
+fn the_join_crate_has_no_module_cycles() {
+    let graph = module_graph(&collectives_sources(), COLLECTIVES_SRC);
+    // Non-vacuity: the graph holds the modules and the edges the rules are about.
+    for m in ["call", "bootstrap", "cpu", "gpu", "diag", "workspace"] {
+        assert!(graph.contains_key(m), "no module {m}: {graph:?}");
+    }
+    assert!(graph["gpu"].contains("call") && graph["cpu"].contains("call"), "{graph:?}");
+    check_no_module_cycles(&graph).unwrap();
+    // Planted: `call` reaching back into `cpu`, which names `call`.
+    let mut planted = collectives_sources();
+    planted.push(file(&format!("{COLLECTIVES_SRC}/call/planted.rs"), "use crate::cpu::CpuComm;"));
+    let err = check_no_module_cycles(&module_graph(&planted, COLLECTIVES_SRC)).unwrap_err();
+    assert!(err.contains("call") && err.contains("cpu"), "{err}");
+    // A test module may reach anywhere; a comment is no edge.
+    let mut in_tests = collectives_sources();
+    in_tests.push(file(
+        &format!("{COLLECTIVES_SRC}/call/planted.rs"),
+        "// crate::cpu\nfn f() {}\n#[cfg(test)]\nmod tests { use crate::cpu::CpuComm; }",
+    ));
+    check_no_module_cycles(&module_graph(&in_tests, COLLECTIVES_SRC)).unwrap();
+}
+
+#[test]
+fn backend_neutral_modules_never_name_the_gpu_backend() {
+    const NEUTRAL: &[&str] = &["call", "cpu", "bootstrap", "workspace"];
+    const GPU: &[&str] = &["gpu", "diag"];
+    check_neutral_modules_know_no_gpu(&collectives_sources(), COLLECTIVES_SRC, NEUTRAL, GPU).unwrap();
+    for (path, text) in [
+        ("cpu/planted.rs", "fn f() -> usize { crate::gpu::kernels::EXEC_PARAM_WORDS }"),
+        ("call/planted.rs", "use cudarc::driver::CudaStream;"),
+        ("bootstrap/planted.rs", "use crate::diag::smoke;"),
+    ] {
+        let mut planted = collectives_sources();
+        planted.push(file(&format!("{COLLECTIVES_SRC}/{path}"), text));
+        assert!(check_neutral_modules_know_no_gpu(&planted, COLLECTIVES_SRC, NEUTRAL, GPU).is_err(), "{path}");
+    }
+    // `call` does not depend on a backend either.
+    check_neutral_modules_know_no_gpu(&collectives_sources(), COLLECTIVES_SRC, &["call"], &["cpu"]).unwrap();
+}
+
+#[test]
+fn max_world_is_defined_once_in_snac() {
+    let root = xtask::workspace_root();
+    let mut rust = read_sources(&root, "crates", &[".rs"]);
+    rust.extend(read_sources(&root, "benches", &[".rs"]));
+    check_one_max_world(&rust).unwrap();
+    let mut planted = rust.clone();
+    planted.push(file("crates/purlin-collectives/src/gpu/planted.rs", "pub const MAX_WORLD: usize = 16;"));
+    assert!(check_one_max_world(&planted).is_err());
+    check_kernels_max_world(&kernels("kernels"), purlin_collectives::MAX_WORLD).unwrap();
+    assert!(check_kernels_max_world(&[file("kernels/x.cuh", "constexpr u32 kMaxWorld = 8;")], 16).is_err());
+}

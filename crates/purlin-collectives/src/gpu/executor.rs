@@ -26,8 +26,8 @@ use crate::gpu::kernels::{
     EXEC_PARAM_WORDS, EXEC_RUNTIME_BYTES, ExecKey, ExecOp, ShapedKey, executor_keys, packet_bytes_for,
 };
 
-/// Ranks the executor's `Runtime` has room for.
-pub const MAX_WORLD: usize = 16;
+/// Ranks the executor's `Runtime` has room for (`kMaxWorld` in `kernels/snac/exec.cuh`).
+pub use purlin_snac::MAX_WORLD;
 
 /// The per-call pointers (`struct Runtime` in `kernels/snac/executor.cu`, field for field).
 #[repr(C)]
