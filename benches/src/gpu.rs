@@ -191,7 +191,7 @@ impl Drop for DeviceBuffer {
 
 /// The calibration probe (one process, GPUs 0 and 1): copy-engine bandwidth between the two
 /// GPUs, one direction and both directions at once (per direction), 256 MiB copies. These are
-/// the limits a world-2 collective's busbw is judged against (DEVICE.md: both directions).
+/// the limits a world-2 collective's busbw is judged against (docs/dev/device.md: both directions).
 pub fn probe_copy_engine(a: &Gpu, b: &Gpu) -> Result<Vec<String>> {
     const BYTES: usize = 256 << 20;
     const REPS: usize = 5;

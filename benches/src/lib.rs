@@ -2,7 +2,7 @@
 //!
 //! - `purlin-bench` (`src/bin/purlin-bench.rs`, run by `cargo xtask bench`): the collectives
 //!   sweep, Purlin beside NCCL plain and NCCL with symmetric windows, nccl-tests style
-//!   (DESIGN.md §6). The library below is its machinery, tested without a GPU. Without a GPU
+//!   (docs/design.md §6). The library below is its machinery, tested without a GPU. Without a GPU
 //!   it runs Purlin's host executor instead (`host`), and says so.
 //! - criterion benches of the launch path in `benches/`.
 #![deny(unsafe_op_in_unsafe_fn)]

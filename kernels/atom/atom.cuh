@@ -1,4 +1,4 @@
-// The Atom interface (DESIGN.md §4): the only Atom header an executor may include.
+// The Atom interface (docs/design.md §4): the only Atom header an executor may include.
 //
 // Every generation's implementation defines, in namespace purlin::atom:
 //

@@ -2,7 +2,7 @@
 // (AtomParams::bulk): copy moves chunks of VECS x 16 x nthreads bytes with
 // cp.async.bulk global -> shared (completing on an mbarrier per stage) and
 // cp.async.bulk shared -> global, driven by one thread; STAGES stages. Reduce is the
-// cp.async engine's (same workspace). Kept only if it measures faster (DESIGN.md §4: the
+// cp.async engine's (same workspace). Kept only if it measures faster (docs/design.md §4: the
 // reference found cp.async 10-12% faster).
 //
 // Every wait is bounded (kBulkTimeoutNs): a fault in this engine yields wrong bytes, which

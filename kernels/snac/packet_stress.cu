@@ -1,4 +1,4 @@
-// Torn-packet stress test (DESIGN.md §3.2, issue 9): each GPU pushes 16-byte packets into its
+// Torn-packet stress test (docs/design.md §3.2, issue 9): each GPU pushes 16-byte packets into its
 // peer's receive window while receiving the peer's, both directions at once. A packet's data
 // is a function of (round, index); a receiver that sees the round's flag with other data has
 // caught a torn packet. Two windows alternate by round parity; a receiver block acknowledges

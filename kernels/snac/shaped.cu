@@ -1,4 +1,4 @@
-// The shaped executor (DESIGN.md §3.4): runs latency-regime plans whose block programs all
+// The shaped executor (docs/design.md §3.4): runs latency-regime plans whose block programs all
 // have shapes compiled into this module (-DPURLIN_SHAPES, from the plan's kernel key), with
 // each shape's step sequence unrolled at compile time. The parameter block is the
 // interpreter's (crates/purlin-snac/src/params.rs); the shape fixes where each record lies

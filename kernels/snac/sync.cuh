@@ -1,4 +1,4 @@
-// The memory-ordering contract of SNAC (DESIGN.md §3.6). This is the only file under
+// The memory-ordering contract of SNAC (docs/design.md §3.6). This is the only file under
 // kernels/snac/ that may contain acquire/release/fence/volatile code; an invariant test
 // (xtask/tests/architecture.rs) enforces it.
 //
@@ -77,7 +77,7 @@ __device__ __forceinline__ bool wait_geq_sys(const u64* flag, u64 target, u64 ti
   return true;
 }
 
-// A 16-byte packet of the latency regime (DESIGN.md §3.2): 8 bytes of data and an 8-byte
+// A 16-byte packet of the latency regime (docs/design.md §3.2): 8 bytes of data and an 8-byte
 // flag, stored and loaded as one 16-byte vector access so that stage and notify are one
 // remote write. Whether such a packet can land torn is measured by the packet stress test
 // (kernels/snac/packet_stress.cu) before the executor relies on it.
@@ -170,7 +170,7 @@ __device__ __forceinline__ WaitResult poll_packet8(const Packet8* p, u64 expect,
 }
 
 // Publishes this block's completed writes (after a block barrier) and sets flag words of
-// peers: one system-scope fence for all of them, then relaxed stores (DESIGN.md §3.6).
+// peers: one system-scope fence for all of them, then relaxed stores (docs/design.md §3.6).
 __device__ __forceinline__ void publish_fence() { fence_acq_rel_sys(); }
 
 // Marks the communicator poisoned and records why: control[1] = peer + 1 (0: unknown),

@@ -440,3 +440,33 @@ pub fn check_kernels_max_world(kernels: &[SourceFile], max_world: usize) -> Resu
         None => Ok(()),
     }
 }
+
+/// `Comm`'s diagnostics: behind `Comm::diag()`, never beside the collectives.
+pub const COMM_DIAGNOSTICS: &[&str] = &[
+    "host",
+    "workspace_layout",
+    "workspace_addrs",
+    "kernels",
+    "kernel",
+    "read_own_workspace",
+    "coresidency",
+    "module",
+    "generation",
+    "launch_ping_pong",
+    "ping_pong",
+];
+
+/// No file of `comm_dir` but its `diag.rs` defines a public diagnostic method: `Comm`'s
+/// surface is cudarc's shape plus Purlin's additions.
+pub fn check_comm_has_no_public_diagnostics(files: &[SourceFile], comm_dir: &str) -> Result<(), String> {
+    let mut bad = Vec::new();
+    for f in files.iter().filter(|f| f.path.starts_with(comm_dir) && !f.path.ends_with("/diag.rs")) {
+        let code = library_code(&f.text);
+        for name in COMM_DIAGNOSTICS {
+            if code.contains(&format!("pub fn {name}(")) || code.contains(&format!("pub fn {name}<")) {
+                bad.push(format!("{}: pub fn {name}", f.path));
+            }
+        }
+    }
+    if bad.is_empty() { Ok(()) } else { Err(format!("diagnostics on Comm's public surface: {bad:?}")) }
+}

@@ -2,6 +2,7 @@
 //! architecture checks of ARCHITECTURE.md.
 
 pub mod architecture;
+pub mod docs;
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +11,7 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
-/// The pinned NVRTC wheel (DEVICE.md: keep 13.0; a newer NVRTC's output can be refused by
+/// The pinned NVRTC wheel (docs/dev/device.md: keep 13.0; a newer NVRTC's output can be refused by
 /// the 13.0 driver on the GPU machine).
 pub const NVRTC_WHEEL: &str = "nvidia-cuda-nvrtc==13.0.88";
 

@@ -200,3 +200,16 @@ fn max_world_is_defined_once_in_snac() {
     check_kernels_max_world(&kernels("kernels"), purlin_collectives::MAX_WORLD).unwrap();
     assert!(check_kernels_max_world(&[file("kernels/x.cuh", "constexpr u32 kMaxWorld = 8;")], 16).is_err());
 }
+
+#[test]
+fn comm_keeps_its_diagnostics_behind_diag() {
+    const COMM_DIR: &str = "crates/purlin-collectives/src/gpu/comm/";
+    let files = collectives_sources();
+    check_comm_has_no_public_diagnostics(&files, COMM_DIR).unwrap();
+    // Non-vacuity: the diagnostics exist, in diag.rs.
+    let diag = files.iter().find(|f| f.path == format!("{COMM_DIR}diag.rs")).expect("gpu/comm/diag.rs");
+    assert!(COMM_DIAGNOSTICS.iter().all(|n| diag.text.contains(&format!("pub fn {n}("))));
+    let mut planted = files.clone();
+    planted.push(file(&format!("{COMM_DIR}planted.rs"), "impl Comm { pub fn ping_pong(&self) {} }"));
+    assert!(check_comm_has_no_public_diagnostics(&planted, COMM_DIR).is_err());
+}

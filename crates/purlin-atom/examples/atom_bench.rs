@@ -49,7 +49,7 @@ const PROBES: [(&str, &str); 6] = [
 ];
 const PROBE_LAUNCHES: usize = 5;
 
-/// DEVICE.md's calibration (2×H200, 2026-11-30), for reference beside this run's figures.
+/// docs/dev/device.md's calibration (2×H200, 2026-11-30), for reference beside this run's figures.
 const CAL_LOCAL_COPY: f64 = 3950.0;
 const CAL_PUSH_BOTH: [(u32, f64); 3] = [(8, 351.0), (32, 349.0), (132, 364.0)];
 const CAL_PULL_BOTH: [(u32, f64); 3] = [(16, 324.0), (32, 335.0), (132, 337.0)];
@@ -142,7 +142,8 @@ impl Rig {
             "pull-both" => cal_at(&CAL_PULL_BOTH, blocks),
             _ => None,
         };
-        let r = reference.map(|c| format!("  ({:.0}% of DEVICE.md {c:.0})", 100.0 * gbps / c)).unwrap_or_default();
+        let r =
+            reference.map(|c| format!("  ({:.0}% of docs/dev/device.md {c:.0})", 100.0 * gbps / c)).unwrap_or_default();
         println!("ATOM-BENCH {test:<16} {label:<26} blocks {blocks:>4}  {gbps:>8.1} GB/s  {:>9.1} us{r}", secs * 1e6);
         self.rows.push(Row { test, label: label.to_string(), blocks, gbps });
     }
@@ -510,7 +511,7 @@ fn main() -> Res<()> {
     let ce_local = rows.iter().find(|r| r.test == "ce-local").map(|r| r.gbps).unwrap_or(0.0);
     if let Some(r) = best("local-copy", 1024) {
         println!(
-            "ATOM-SUMMARY local copy 64 MiB best {:.0} GB/s ({} x{}) = {:.0}% of DEVICE.md {CAL_LOCAL_COPY:.0}, {:.0}% of this run's copy engine {ce_local:.0} [target >= 92%]",
+            "ATOM-SUMMARY local copy 64 MiB best {:.0} GB/s ({} x{}) = {:.0}% of docs/dev/device.md {CAL_LOCAL_COPY:.0}, {:.0}% of this run's copy engine {ce_local:.0} [target >= 92%]",
             r.gbps,
             r.label,
             r.blocks,
@@ -534,7 +535,10 @@ fn main() -> Res<()> {
                 .filter_map(|g| at(test, &AtomSpec::new(*g).label(), b).map(|v| format!("{g} {:.0}%", 100.0 * v / cal)))
                 .collect();
             if !per_gen.is_empty() {
-                println!("ATOM-SUMMARY {test} x{b} vs DEVICE.md {cal:.0}: {} [target >= 97%]", per_gen.join(", "));
+                println!(
+                    "ATOM-SUMMARY {test} x{b} vs docs/dev/device.md {cal:.0}: {} [target >= 97%]",
+                    per_gen.join(", ")
+                );
             }
         }
     }
@@ -564,7 +568,7 @@ fn main() -> Res<()> {
         let ce = rows.iter().find(|r| r.test == "ce-local-1g").map(|r| r.gbps).unwrap_or(0.0);
         let pct = 100.0 * r.gbps / CAL_LOCAL_COPY;
         println!(
-            "ATOM-SUMMARY local copy 1 GiB best {:.0} GB/s ({} x{}) = {pct:.0}% of DEVICE.md {CAL_LOCAL_COPY:.0}, {:.0}% of this run's copy engine {ce:.0} [target >= 92%: {}]",
+            "ATOM-SUMMARY local copy 1 GiB best {:.0} GB/s ({} x{}) = {pct:.0}% of docs/dev/device.md {CAL_LOCAL_COPY:.0}, {:.0}% of this run's copy engine {ce:.0} [target >= 92%: {}]",
             r.gbps,
             r.label,
             r.blocks,

@@ -1,4 +1,4 @@
-//! The host Atom: the device contract (DESIGN.md §4) on CPU memory, bit for bit.
+//! The host Atom: the device contract (docs/design.md §4) on CPU memory, bit for bit.
 //!
 //! The host executor runs SNAC plans on CPU threads with it. Its arithmetic is the device
 //! Atom's: 8- and 16-bit floats are decoded exactly to f32, combined in rank order with

@@ -16,7 +16,7 @@ pub const ATOM_IMPL_NAME: &str = "atom_impl.cuh";
 /// The include name of the generated sizing header.
 pub const ATOM_CONFIG_NAME: &str = "atom_config.cuh";
 
-/// The Atom interface header (DESIGN.md §4): the device contract of `copy` and `reduce`.
+/// The Atom interface header (docs/design.md §4): the device contract of `copy` and `reduce`.
 pub const ATOM_INTERFACE: &str = include_str!("../../../kernels/atom/atom.cuh");
 /// Element types, conversions, operators and the block-share driver, shared by all generations.
 pub const ATOM_COMMON: &str = include_str!("../../../kernels/atom/atom_common.cuh");

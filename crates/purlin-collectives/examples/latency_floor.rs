@@ -110,7 +110,7 @@ fn config() -> Result<CommConfig> {
 fn open(ordinal: usize) -> Result<Arc<CudaStream>> {
     let ctx = CudaContext::new(ordinal).with_context(|| format!("CUDA context on GPU {ordinal}"))?;
     // SAFETY: no allocation of this context exists yet; nothing here records events, which
-    // keeps graph capture free of tracked events (DEVICE.md).
+    // keeps graph capture free of tracked events (docs/dev/device.md).
     unsafe { ctx.disable_event_tracking() };
     Ok(ctx.new_stream()?)
 }

@@ -74,3 +74,8 @@ pub mod internal {
         pub use crate::workspace::*;
     }
 }
+
+/// The README's examples, compiled and run as doctests (the CPU one runs in CI).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExamples;

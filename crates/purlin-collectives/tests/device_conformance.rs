@@ -1,4 +1,4 @@
-//! Conformance of the device executor (DESIGN.md §3.4, issue #8 item 3): the GPU runs the
+//! Conformance of the device executor (docs/design.md §3.4, issue #8 item 3): the GPU runs the
 //! plan it is handed, and nothing else.
 //!
 //! For each case, on 2 GPUs (one process) and on the host executor (CPU threads) alike:

@@ -1,4 +1,4 @@
-//! Faults on 2 GPUs (issue #9; DESIGN.md §5 "Bounded waits and poisoning"): every device
+//! Faults on 2 GPUs (issue #9; docs/design.md §5 "Bounded waits and poisoning"): every device
 //! wait is bounded (here by a 1 s `CommConfig::device_timeout`), a wait that expires poisons
 //! the communicator, the rest of a captured graph exits at once, the host sees a typed error
 //! naming the peer within timeout + 1 s, later calls return `Error::Poisoned`, and the

@@ -6,9 +6,9 @@
 //! - a CUDA graph of mixed collectives (every collective, a V form, an in-place call,
 //!   latency- and throughput-size calls) captured once, in contexts that keep cudarc's
 //!   default event tracking, and replayed 120 times with fresh inputs written between
-//!   replays (DESIGN.md §5 "CUDA graphs", issue #8);
+//!   replays (docs/design.md §5 "CUDA graphs", issue #8);
 //! - back-to-back eager calls of different collectives, sizes and grid widths, in two
-//!   tunings (DESIGN.md §3.5 scenarios: resident staging and packets need 3 calls to expose
+//!   tunings (docs/design.md §3.5 scenarios: resident staging and packets need 3 calls to expose
 //!   a lap);
 //! - one rank delayed before every launch (host spin and a device sleep kernel), 60 calls
 //!   per delayed rank.

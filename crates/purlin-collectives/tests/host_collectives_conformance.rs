@@ -1,4 +1,4 @@
-//! Conformance of the host executor (DESIGN.md §3.4): it runs the plan it is given. A derived
+//! Conformance of the host executor (docs/design.md §3.4): it runs the plan it is given. A derived
 //! plan passes the output check; the same plan with one region shifted by one byte runs to
 //! completion and FAILS it. Also: bounded waits and poisoning.
 

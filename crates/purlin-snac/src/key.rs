@@ -1,4 +1,4 @@
-//! The kernel key: the compile-time part of a plan (DESIGN.md §3.4).
+//! The kernel key: the compile-time part of a plan (docs/design.md §3.4).
 //!
 //! Everything here becomes template arguments of the device executor: element type, reduce
 //! op and mode, regime, packet format, world (the peer loops' unroll) and the plan's *shape* —

@@ -82,7 +82,7 @@
 //! - `HandshakeWait { peer, src, expect }`: poll the packet at `src` of this rank's window until
 //!   its flag `== expect`; its value joins the block's advance maximum.
 //!
-//! **What the plan guarantees** (checked by the verifier, DESIGN.md §3.3): a consumer reads
+//! **What the plan guarantees** (checked by the verifier, docs/design.md §3.3): a consumer reads
 //! staged data only after a `Wait` whose value the producer's last `Arrive`/`Signal` of exactly
 //! that chunk and epoch writes; a slot is overwritten only after its readers' drains or under
 //! the other sense; an access to a peer's output is ordered after the peer's entry into the

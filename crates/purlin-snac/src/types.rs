@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How a buffer is laid out across the ranks (DESIGN.md §1).
+/// How a buffer is laid out across the ranks (docs/design.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Layout {
     /// One contiguous contribution per rank.
@@ -111,7 +111,7 @@ impl DataType {
     }
 }
 
-/// Which regime a plan runs in (DESIGN.md §3.1, §3.2).
+/// Which regime a plan runs in (docs/design.md §3.1, §3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Regime {
     /// Packets straight into the peers' receive windows; flags travel with the data.
@@ -129,7 +129,7 @@ pub enum StagingSide {
     Peer,
 }
 
-/// Packet format of the latency regime (DESIGN.md §3.2).
+/// Packet format of the latency regime (docs/design.md §3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub enum PacketFormat {
     /// 4 bytes of data + 4 bytes of flag, one 8-byte store (NCCL's LL). Works everywhere.

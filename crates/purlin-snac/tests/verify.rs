@@ -93,7 +93,7 @@ fn must_verify(calls: &[Vec<Plan>], what: &str) -> Coverage {
     r.coverage
 }
 
-/// The exhaustive CI set, defined by its budget (DESIGN.md §3.5: at most 10^7 states and 60 s
+/// The exhaustive CI set, defined by its budget (docs/design.md §3.5: at most 10^7 states and 60 s
 /// in total in a debug build): every collective, both regimes, both staging sides, both
 /// AllReduce algorithms, three back-to-back calls, on world 2 and 3 with 1 and 2 blocks per
 /// role and world 4 with 1. Larger sets: `full_set` (`cargo xtask verify --full`).

@@ -142,7 +142,7 @@ impl std::fmt::Display for ComputeCapability {
     }
 }
 
-/// Which Atom generation a compute capability calls for (DESIGN.md §4). A hint: the Atom
+/// Which Atom generation a compute capability calls for (docs/design.md §4). A hint: the Atom
 /// crate decides what it implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum GenerationHint {

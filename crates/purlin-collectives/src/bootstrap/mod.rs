@@ -29,7 +29,7 @@ pub use id::{Id, TorchEnv};
 
 use crate::error::Error;
 
-/// Default bound on every host-side wait (torch's NCCL default is 600 s, DESIGN.md asks ≥ 300 s).
+/// Default bound on every host-side wait (torch's NCCL default is 600 s, docs/design.md asks ≥ 300 s).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How much longer a non-root rank waits for rank 0 than rank 0 waits for the others, so
 /// rank 0's verdict (naming the real culprit) arrives first.

@@ -1,5 +1,5 @@
 //! How a call is planned: regime, staging side, chunk size, blocks per role and slots, per
-//! size band (DESIGN.md §5 "Tuning"). Every knob can be overridden from the environment
+//! size band (docs/design.md §5 "Tuning"). Every knob can be overridden from the environment
 //! (`PURLIN_REGIME=latency|throughput`, `PURLIN_STAGING_SIDE=own|peer`, `PURLIN_CHUNK_BYTES`,
 //! `PURLIN_BLOCKS_PER_ROLE`, `PURLIN_CONSUMER_BLOCKS`, `PURLIN_LANES`, `PURLIN_SLOTS`,
 //! `PURLIN_SHARE_PIECE`, `PURLIN_SHARE_MIN_CHUNK`, `PURLIN_LATENCY_MAX_BYTES`,
@@ -10,7 +10,7 @@
 //! shaped unless `PURLIN_SHAPED=0` (`exec_device`).
 //!
 //! The defaults come from sweeps on 2×H200 (PERFORMANCE.md): push staging (remote stores beat
-//! remote loads under two-way load, DEVICE.md, and the sweeps agree); 16 writer blocks and 32
+//! remote loads under two-way load, docs/dev/device.md, and the sweeps agree); 16 writer blocks and 32
 //! reader blocks (readers copy twice the bytes an AllGather's writers push, locally); 16 MiB
 //! chunks, cut to a quarter of the call down to 4 MiB (each chunk costs every block a few
 //! microseconds of waits, arrivals and fences); 2 slots; packets up to 2 MiB per rank (an

@@ -1,5 +1,5 @@
 //! [`CpuComm`]: every collective on CPU threads of one process, through the same
-//! SNAC plans the GPUs run (DESIGN.md §3.4, §5 "Executors").
+//! SNAC plans the GPUs run (docs/design.md §3.4, §5 "Executors").
 //!
 //! [`CpuComm::threads`] makes one communicator per rank (like `Comm::from_devices`); give each
 //! to its own thread and call the same collectives on every rank, as with NCCL. Each call

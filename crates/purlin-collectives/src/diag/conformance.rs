@@ -1,4 +1,4 @@
-//! Test-only conformance hooks for the device executor (DESIGN.md §3.4): run a *given* plan —
+//! Test-only conformance hooks for the device executor (docs/design.md §3.4): run a *given* plan —
 //! possibly modified, never verified — on this rank's GPU with the executor's trace buffer
 //! on, and read back what every block executed.
 //!

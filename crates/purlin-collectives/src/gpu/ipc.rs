@@ -3,7 +3,7 @@
 //! GPUs of one process ([`PeerBackend`]).
 //!
 //! `cuMemAlloc`, not cudarc's allocations: those come from a stream-ordered pool that legacy
-//! IPC cannot export (DEVICE.md).
+//! IPC cannot export (docs/dev/device.md).
 
 use std::sync::Arc;
 

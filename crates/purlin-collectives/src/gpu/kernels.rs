@@ -4,7 +4,7 @@
 use purlin_atom::{AtomSpec, DType, Generation, TranslationUnit};
 use purlin_snac::{Plan, Regime, ShapeOp};
 
-/// The memory-ordering primitives of the protocol (DESIGN.md §3.6).
+/// The memory-ordering primitives of the protocol (docs/design.md §3.6).
 pub const SYNC_CUH: &str = include_str!("../../../../kernels/snac/sync.cuh");
 /// The device smoke-test kernels.
 pub const SMOKE_CU: &str = include_str!("../../../../kernels/snac/smoke.cu");

@@ -1,4 +1,4 @@
-//! The latency regime: packets straight into the peers' receive windows (DESIGN.md §3.2).
+//! The latency regime: packets straight into the peers' receive windows (docs/design.md §3.2).
 //!
 //! Window layout of every rank, per sense half of `window_bytes / 2` bytes: `phases` areas of
 //! `world - 1` cells of `A` bytes, one per peer (at receiver `q`, peer `p` has cell `p` if

@@ -57,7 +57,7 @@ impl AllReduceAlgo {
     }
 }
 
-/// The knobs of a derivation (DESIGN.md §3.4): everything but the spec.
+/// The knobs of a derivation (docs/design.md §3.4): everything but the spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PlanConfig {
     pub regime: Regime,

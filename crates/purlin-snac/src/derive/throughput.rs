@@ -1,4 +1,4 @@
-//! The throughput regime: stage, signal, consume, chunk by chunk (DESIGN.md §3.1).
+//! The throughput regime: stage, signal, consume, chunk by chunk (docs/design.md §3.1).
 //!
 //! Terms: a *transfer* moves a partition from a writer rank `p` to a reader rank `q` in a
 //! phase (phase 1 is the tail of the composed AllReduce). Its chunks are `C = chunk_bytes`
@@ -44,7 +44,7 @@
 //! a writer about to overwrite slot `c % slots` with chunk `c >= slots` waits for the drain of
 //! chunk `c - slots`, i.e. `>= E + c + 1 - slots`. Transfers with `chunks <= slots` are
 //! resident (no drains): the sense halves alternate (odd advance) and every call ties every
-//! pair of ranks, so no rank gets two calls ahead of a reader (DESIGN.md §3.3).
+//! pair of ranks, so no rank gets two calls ahead of a reader (docs/design.md §3.3).
 //!
 //! Counters (local): `prod[phase][stream][lane][slot]` for the writers' arrivals,
 //! `cons[phase][peer][lane][slot]` for the readers' arrivals before a drain. Each lane's blocks

@@ -394,7 +394,7 @@ pub struct Plan {
     pub packet: PacketFormat,
     pub resources: Resources,
     pub advance: Advance,
-    /// The co-residency bound this plan was made under (DESIGN.md §3.3).
+    /// The co-residency bound this plan was made under (docs/design.md §3.3).
     pub max_coresident_blocks: u32,
     /// Derived as a one-copy plan (every rank's buffers registered, `PlanConfig::peer_outputs`
     /// and `peer_inputs`): true on every rank of such a call, also on a rank whose plan

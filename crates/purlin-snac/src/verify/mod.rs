@@ -1,4 +1,4 @@
-//! The SNAC verifier: an explicit-state model of plans (DESIGN.md §3.5).
+//! The SNAC verifier: an explicit-state model of plans (docs/design.md §3.5).
 //!
 //! It checks any plan, however made: it never uses the plan derivation; an invariant test
 //! reads this directory's sources to keep it so.

@@ -1,4 +1,4 @@
-//! Mutation operators over plans, to prove the verifier can fail (DESIGN.md §3.5). They work
+//! Mutation operators over plans, to prove the verifier can fail (docs/design.md §3.5). They work
 //! on any plan; every applicable site of a plan set is enumerable.
 
 use crate::plan::{EpochVal, NotifyKind, Plan, Region, Step};
