@@ -92,7 +92,7 @@ pub enum Call {
         /// The root rank.
         root: usize,
     },
-    /// A world-2 send and/or receive, in bytes: see [`point_to_point_spec`].
+    /// A world-2 send and/or receive, in bytes: see `point_to_point_spec`.
     PointToPoint {
         /// What this rank sends, and to whom.
         send: Option<Transfer>,

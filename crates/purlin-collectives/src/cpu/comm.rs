@@ -165,7 +165,7 @@ pub struct CallInfo {
     pub staging_side: Option<StagingSide>,
     /// Blocks (threads) of this rank.
     pub grid: usize,
-    /// Whether it ran a one-copy plan (symmetric buffers, [`crate::cpu::buffer`]).
+    /// Whether it ran a one-copy plan (symmetric buffers, [`CpuSymmetricBuffer`]).
     pub one_copy: bool,
     /// The verifier's coverage of its plan key (`exhaustive, N states` or `sampled ...`).
     pub verified: String,
@@ -332,7 +332,7 @@ impl CpuComm {
     /// calls it, in the same order, with the same `len`), like `Comm::alloc_symmetric` and
     /// NCCL's `ncclMemAlloc` + `ncclCommWindowRegister`. The memory is zeroed. Collectives
     /// that get such buffers in the same roles on every rank take the one-copy path
-    /// ([`crate::cpu::buffer`]). Every rank returns the same outcome: a buffer, or
+    /// ([`CpuSymmetricBuffer`]). Every rank returns the same outcome: a buffer, or
     /// [`Error::Mismatch`] when ranks asked for different sizes; a rank that does not arrive
     /// within [`CpuConfig::timeout`] makes the waiting ranks return [`Error::Timeout`].
     pub fn alloc_symmetric<T: CpuType>(&self, len: usize) -> Result<CpuSymmetricBuffer<T>, Error> {

@@ -14,8 +14,8 @@ impl Comm {
     /// it. At world 2 the pair is the whole world, so a send and its receive are one
     /// collective: the AllToAllV of bytes with one nonzero count (`point_to_point_spec`), one
     /// kernel on each side. Both ranks must make their point-to-point calls in the same order
-    /// (a send here meets a receive there); a send and a receive in one [`Group`] are one call.
-    /// Between the free [`group_start`] and [`group_end`] it is refused (see there).
+    /// (a send here meets a receive there); a send and a receive in one [`Group`](crate::Group) are one call.
+    /// Between the free [`group_start`](crate::group_start) and [`group_end`](crate::group_end) it is refused (see there).
     /// Wider worlds answer [`Error::Unsupported`]: a pair of them is not every rank, which is
     /// what a SNAC plan is made for (use [`Comm::all_to_all_v`]).
     pub fn send<S: DevicePtr<T>, T: NcclType>(&self, data: &S, peer: i32) -> Result<(), Error> {
@@ -39,7 +39,7 @@ impl Comm {
     }
 
     /// Sends `sendbuff` to `send_peer` and receives `recvbuff` from `recv_peer` in one call
-    /// (MPI's `Sendrecv`; what a [`Group`] runs at its end for its k-th send and k-th receive).
+    /// (MPI's `Sendrecv`; what a [`Group`](crate::Group) runs at its end for its k-th send and k-th receive).
     /// The peers' calls must mirror it: a [`Comm::send_recv`] or a group there, or a lone
     /// receive (send) where this rank only sends (receives), that is a zero-length side.
     pub fn send_recv<S: DevicePtr<T>, R: DevicePtrMut<U>, T: NcclType, U: NcclType>(

@@ -178,7 +178,7 @@ impl Comm {
     /// Allocates `len` elements of `T` on every rank at once (a collective call: every rank
     /// calls it, in the same order, with the same `len`) and maps every peer's, like NCCL's
     /// `ncclMemAlloc` + `ncclCommWindowRegister`. Collectives on such buffers take the
-    /// one-copy path ([`crate::gpu::comm::symmetric`]). The memory is zeroed, and released with the
+    /// one-copy path ([`SymmetricBuffer`]). The memory is zeroed, and released with the
     /// communicator (unless a buffer is still held then).
     pub fn alloc_symmetric<T: NcclType>(&self, len: usize) -> Result<SymmetricBuffer<T>, Error> {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).filter(|&b| b > 0).ok_or_else(|| {
