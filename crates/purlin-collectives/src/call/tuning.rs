@@ -7,9 +7,9 @@
 //! `PURLIN_LATENCY_MAX_BLOCKS`, `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`,
 //! `PURLIN_DEVICE_PARAMS_MAX_BYTES`, `PURLIN_MAX_BLOCKS`, `PURLIN_ONE_COPY_BLOCKS`), so the table can be measured before it is
 //! trusted. Which executor runs a plan is not tuning: latency plans of catalogued shapes run
-//! shaped unless `PURLIN_SHAPED=0` (`exec_device`).
+//! shaped unless `PURLIN_SHAPED=0` (`gpu::executor`).
 //!
-//! The defaults come from sweeps on 2×H200 (PERFORMANCE.md): push staging (remote stores beat
+//! The defaults come from sweeps on 2×H200 (docs/perf/tuning-defaults.md): push staging (remote stores beat
 //! remote loads under two-way load, docs/dev/device.md, and the sweeps agree); 16 writer blocks and 32
 //! reader blocks (readers copy twice the bytes an AllGather's writers push, locally); 16 MiB
 //! chunks, cut to a quarter of the call down to 4 MiB (each chunk costs every block a few
@@ -88,58 +88,37 @@ pub struct Tuning {
 
 impl Default for Tuning {
     fn default() -> Self {
-        // Measured on 2×H200, 2026-11-30 (PERFORMANCE.md): 256 MiB AllGather busbw 182 GB/s
-        // with 4 MiB chunks × 16 + 16 blocks, 258 with 32 readers, 300 with 16 MiB chunks
-        // (rounds 8–9); slots 2 → 4 changed nothing. Packets (latency regime) where the
-        // window holds the call, up to 4 MiB per rank (2 MiB since round 53, below), with up
-        // to 64 blocks: AllReduce 1 MiB 14.6 µs against 20.1 with 16 blocks up to 1 MiB,
-        // AllGather 2 MiB 13.8 against 17.1 staged (round 11); 4 KiB per block beat 16 KiB and 16 blocks from 8 KiB to 128 KiB
-        // (4.7 against 7.7 and 5.6 µs at 32 KiB, round 9); with the block cap lifted from a
-        // quarter to half the co-resident bound, 64 blocks of 4 KiB gave AllReduce bf16 1 MiB
-        // 11.99 µs against 15.8 with 32 and 12.3 with 66 (round 43). Lanes with fixed slices: 256 MiB
-        // AllGather + AllReduce busbw summed over two interleaved repeats, 1/2/4/16 lanes:
-        // 303+326, 291+300 / 315+321, 309+325 / 306+341, 301+307 / 310+314, 305+308 GB/s
-        // (round 21, `lane_sweep.sh`). Shared stages (the lane's writers take 256 KiB pieces
-        // from a ticket) with one lane: 256 MiB AllGather / AllReduce busbw 321 / 332 and
-        // 321 / 332 against 295 / 300 and 291 / 303 for fixed slices in two lanes, same run;
-        // 128 KiB pieces 317 / 328, 512 KiB 308 / 319, two lanes 321 / 321 (rounds 25-26);
-        // with the dynamic shared memory 128-byte aligned, 337 / 347 (round 33). Shared stages
-        // cost 2-8% where chunks are 4-8 MiB (2-32 MiB calls, round 33), so they start at
-        // 16 MiB chunks.
+        // Each default's reason and the rounds that measured it; the figures are in
+        // docs/perf/tuning-defaults.md.
         Self {
             regime: None,
-            // Packets against staging at 512 KiB-8 MiB, forced regimes, same run (round 53,
-            // shaped executor, windows without a cell for the rank's own data): AllReduce
-            // 1 MiB 10.4 vs 17.9 us, 2 MiB 18.3 vs 18.1 (eager 20.5 vs 19.6); AllGather /
-            // ReduceScatter / AllToAll 4 MiB 19.2-19.3 vs 16.5-18.2; the V forms at 2 MiB
-            // 11.8-14.1 vs 18.5-19.7, at 4 MiB equal.
+            // Packets where they beat staging with both regimes forced in one run (round 53).
             latency_max_bytes: 2 << 20,
             latency_max_bytes_allreduce: 1 << 20,
+            // 4 KiB per block, up to 64 blocks: fewer, larger blocks were slower (rounds 9, 43).
             latency_block_bytes: 4 << 10,
             latency_max_blocks: Some(64),
+            // Push: remote stores beat remote loads under two-way load (docs/dev/device.md).
             staging_side: StagingSide::Peer,
+            // 16 MiB chunks, 16 writers and 32 readers; more slots changed nothing (rounds 8-9).
             chunk_bytes: 16 << 20,
             blocks_per_role: 16,
             consumer_blocks_per_role: Some(32),
+            // Two lanes sharing stages in 256 KiB pieces, from 16 MiB chunks, where shared
+            // stages stop costing (rounds 21, 25-26, 33).
             lanes: Some(2),
             slots: 2,
             share_piece: 256 << 10,
             share_min_chunk: 16 << 20,
             min_chunks: 4,
             min_chunk_bytes: 4 << 20,
-            // Eager calls, one H200 with both ranks on it (rounds 55-57): with the block in
-            // device memory, 8 B-512 KiB calls took 5.6-8.6 us against 8.0-9.4 by value, but
-            // the kernels themselves run slower reading their records from device memory,
-            // which shows once a call outlasts its launch: AllReduce 1 MiB 11.43 against
-            // 11.25 us, 2 MiB 25.80 against 24.54, 4 MiB 28.02 against 25.59; ReduceScatter
-            // 1 MiB 9.19 against 9.61, 2 MiB 12.54 against 11.71. Still so with the records
-            // copied into shared memory (round 79): AllReduce 2 MiB 25.42 against 25.08.
+            // Parameter blocks of small calls from device memory, larger ones by value: the
+            // kernels run slower reading records from device memory once a call outlasts its
+            // launch (rounds 55-57, 79; one GPU shared by both ranks).
             device_params_max_bytes: 1 << 20,
             max_blocks: None,
-            // Not measured on a GPU pair yet. On one H200 shared by both ranks (rounds
-            // 69-70), 32 blocks took a 256 MiB AllGather in 295 µs against 394 on 16 (staged:
-            // 473 on 16 + 16), an AllReduce in place in 360 against 479 (staged: 807); each
-            // block copies ~43 GB/s there, near the per-SM rate (~48 GB/s, round 61).
+            // Not yet measured on a GPU pair; chosen on one GPU shared by both ranks (rounds
+            // 69-70), where 32 blocks beat 16.
             one_copy_blocks: 32,
         }
     }
