@@ -267,6 +267,26 @@ fn elems<T: CpuType>(r: &HostRegion<'_>) -> usize {
 impl CpuComm {
     /// One communicator per rank of a world of `world` threads, with the default
     /// configuration (like `Comm::from_devices`). Give rank `r`'s to thread `r`.
+    ///
+    /// ```
+    /// use purlin_collectives::CpuComm;
+    ///
+    /// let comms = CpuComm::threads(3)?;
+    /// let gathered = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = comms
+    ///         .iter()
+    ///         .map(|comm| {
+    ///             s.spawn(move || {
+    ///                 let mut all = vec![0u32; 2 * comm.world_size()];
+    ///                 comm.all_gather(&[comm.rank() as u32; 2], &mut all).map(|_| all)
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert!(gathered.iter().all(|all| all == &[0, 0, 1, 1, 2, 2]));
+    /// # Ok::<(), purlin_collectives::Error>(())
+    /// ```
     pub fn threads(world: usize) -> Result<Vec<CpuComm>, Error> {
         Self::threads_with_config(world, CpuConfig::default())
     }

@@ -181,6 +181,27 @@ impl Comm {
     /// that waits for one of their streams (a synchronize, a read-back, a pageable copy of
     /// more than the driver buffers): rank 0's kernel waits for rank 1's, so a wait on rank
     /// 0's stream before rank 1's launch ends only at the device timeout, as with NCCL.
+    ///
+    /// ```no_run
+    /// use cudarc::driver::CudaContext;
+    /// use purlin_collectives::{Comm, ReduceOp};
+    ///
+    /// let n = purlin_collectives::device_count();
+    /// let streams = (0..n).map(|i| CudaContext::new(i)?.new_stream()).collect::<Result<Vec<_>, _>>()?;
+    /// let comms = Comm::from_devices(streams)?;
+    /// // Every rank's call is enqueued before anything waits on a stream.
+    /// let mut bufs = Vec::new();
+    /// for comm in &comms {
+    ///     let mut buf = comm.stream().clone_htod(&vec![1.0f32; 1 << 20])?;
+    ///     comm.all_reduce_in_place(&mut buf, &ReduceOp::Sum)?;
+    ///     bufs.push(buf);
+    /// }
+    /// for (comm, buf) in comms.iter().zip(&bufs) {
+    ///     let sum = comm.stream().clone_dtoh(buf)?;
+    ///     assert!(sum.iter().all(|&x| x == n as f32));
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_devices(streams: Vec<Arc<CudaStream>>) -> Result<Vec<Self>, Error> {
         Self::from_devices_with_config(streams, CommConfig::from_env()?)
     }
