@@ -6,15 +6,14 @@
 //! regimes/staging sides; `full_matrix` (ignored: "full matrix: run with --ignored") runs
 //! the whole product.
 
-#[path = "host_collectives_support/mod.rs"]
-mod support;
+mod host_runner;
 
 use std::time::Instant;
 
+use host_runner::*;
 use purlin_collectives::cpu::{CpuComm, CpuConfig};
 use purlin_collectives::{Error, ReduceOp};
 use purlin_snac::{Collective, DataType, ReductionMode};
-use support::*;
 
 #[test]
 fn ci_matrix() {

@@ -6,7 +6,9 @@
 //! - e5m2: 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like (infinities and NaNs at exponent
 //!   31), largest finite 57344.
 //!
-//! Encoding rounds to nearest, ties to the even code, and saturates to the largest finite value.
+//! Encoding rounds to nearest, ties to the even code. Beyond the largest finite value it
+//! saturates: the values the tests reduce never get there (the Atom's overflow rules are its
+//! own tests' business).
 
 /// Which fp8 format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

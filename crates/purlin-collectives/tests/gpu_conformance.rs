@@ -15,21 +15,21 @@
 //! Buffers have 4 KiB of slack on both sides (a shifted region may touch one byte past the
 //! plan's sizes), filled alike on the GPU and the host.
 //!
-//! Run on the GPU machine: `device_conformance-test --ignored --test-threads=1 --nocapture`.
+//! Run on the GPU machine: `gpu_conformance-test --ignored --test-threads=1 --nocapture`.
 
-mod gpu_support;
-mod region_shift;
+mod gpu_calls;
+mod plan_on_host;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cudarc::driver::CudaSlice;
-use gpu_support::{Call, Coll, Dt, Rng, WORLD, call, fresh_seed, streams};
+use gpu_calls::{Call, Coll, Dt, Rng, WORLD, call, fresh_seed, streams};
+use plan_on_host::{execute_on_host, shift_first};
 use purlin_collectives::host_exec::{HostMemoryConfig, HostWorld, TraceEntry};
 use purlin_collectives::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp};
 use purlin_snac::{Plan, Regime, Space, StagingSide, Step};
-use region_shift::{execute_on_host, shift_first};
 
 /// Bytes of slack after every buffer.
 const SLACK: usize = 4096;
@@ -230,7 +230,7 @@ fn host_memory(plans: &[Plan]) -> HostMemoryConfig {
 }
 
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu() {
     let streams = streams();
     let seed = fresh_seed();
@@ -247,7 +247,7 @@ fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu(
             timeout: Duration::from_secs(60),
             device_timeout: Duration::from_secs(10),
             tuning: case.tuning,
-            ..gpu_support::base_config()
+            ..gpu_calls::base_config()
         };
         let comms = Comm::from_devices_with_config(streams.clone(), cfg).expect("set-up");
         let plans: Vec<Plan> = comms.iter().map(|c| case.call.plan(c)).collect();
@@ -334,12 +334,12 @@ fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu(
 /// buffers: there it gets every rank's output as a call does and gathers the right bytes,
 /// with every block traced; on plain buffers it is refused before it is launched.
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn one_copy_plans_run_traced_on_symmetric_buffers_and_are_refused_on_plain_ones() {
     let streams = streams();
     // Forced to the throughput regime: at this size the default would send packets.
     let tuning = Tuning { regime: Some(Regime::Throughput), ..Tuning::default() };
-    let cfg = CommConfig { device_timeout: Duration::from_secs(10), tuning, ..gpu_support::base_config() };
+    let cfg = CommConfig { device_timeout: Duration::from_secs(10), tuning, ..gpu_calls::base_config() };
     let comms = Comm::from_devices_with_config(streams, cfg).expect("set-up");
     let per_rank = 3000usize; // 12 000 bytes of f32 per rank
     let inputs: Vec<Vec<f32>> =
