@@ -161,7 +161,7 @@ fn eager_skip_rank(rank: usize, id: Id, seed: u64) {
         checks.check(c.async_error().is_ok(), "rank 1 (which only skipped) is not poisoned");
     }
     // Both ranks meet once rank 0 has looked (rank 1 waits here, host-bounded), then close.
-    let met = c.host().barrier("device_faults: eager fault observed");
+    let met = c.host().barrier("gpu_faults: eager fault observed");
     checks.check(met.is_ok(), format!("both ranks meet after the fault: {met:?}"));
     let t = Instant::now();
     let report = c.close();

@@ -212,18 +212,6 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-
-    /// A small nonzero integer: -4..=4 without 0 (signed), 1..=8 (unsigned).
-    pub fn small(&mut self, unsigned: bool) -> i64 {
-        let v = (self.next() % 8) as i64 + 1;
-        if unsigned {
-            v
-        } else if v > 4 {
-            v - 4
-        } else {
-            -v
-        }
-    }
 }
 
 /// A seed that differs from run to run, or `PURLIN_TEST_SEED` (print it, so a failure
