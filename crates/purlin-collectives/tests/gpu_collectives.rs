@@ -121,7 +121,7 @@ fn v_counts(world: usize, n: usize) -> Vec<Vec<usize>> {
 /// The case as the kit states it: `n` elements (per rank, partition or pair; the V forms'
 /// counts from [`v_counts`]), inputs small nonzero integers drawn from `seed` (beyond two
 /// ranks, ±1 and ±2 only: a product of 8 of them is a power of two up to 256, exact in bf16,
-/// and sums stay small).
+/// and sums stay small; u8, which only moves, 1..=8).
 fn kit_case(coll: Coll, dtype: kit::Dtype, op: ReduceOp, world: usize, n: usize, seed: u64) -> kit::Case {
     let counts = v_counts(world, n);
     let c = match coll {
@@ -139,7 +139,8 @@ fn kit_case(coll: Coll, dtype: kit::Dtype, op: ReduceOp, world: usize, n: usize,
         Coll::AllToAllV => kit::Counts::PerPair(counts),
         _ => kit::Counts::Uniform(n),
     };
-    let rule = kit::ValueRule::small(if world > 2 { 2 } else { 4 }, dtype != kit::Dtype::U8);
+    let signed = dtype != kit::Dtype::U8;
+    let rule = kit::ValueRule::small(if world > 2 && signed { 2 } else { 4 }, signed);
     kit::Case::with_counts(c, dtype, Some(gpu_calls::kit_op(op)), world, shape)
         .with_values(kit::Values::Rule(rule))
         .seeded(seed)
