@@ -27,10 +27,12 @@ fn the_kit_depends_on_no_purlin_crate() {
     }
 }
 
-/// Every test file that needs a GPU is named `gpu_*.rs`, and every `#[ignore]` in one is
-/// `#[ignore = "<purlin_testkit::GPU_IGNORE>"]`; the reason appears nowhere else.
+/// Every `#[ignore]` in a `gpu_*.rs` test file is `#[ignore = "<purlin_testkit::GPU_IGNORE>"]`,
+/// and an ignored GPU test elsewhere carries the same reason (but for the listed files, whose
+/// owners align them).
 #[test]
 fn gpu_tests_carry_the_one_ignore_reason() {
+    const NOT_YET: [&str; 1] = ["topo_fixtures.rs"];
     let want = format!("#[ignore = \"{}\"]", purlin_testkit::GPU_IGNORE);
     let mut dirs = vec![root().join("benches/tests")];
     for c in std::fs::read_dir(root().join("crates")).unwrap() {
@@ -52,8 +54,10 @@ fn gpu_tests_carry_the_one_ignore_reason() {
                     assert_eq!(*l, want, "{}", path.display());
                 }
                 gpu_ignores += ignores.len();
-            } else {
-                assert!(!text.contains(purlin_testkit::GPU_IGNORE), "{}: a GPU test outside gpu_*.rs", path.display());
+            } else if !NOT_YET.contains(&name.as_str()) {
+                for l in ignores.iter().filter(|l| l.contains("GPU") && **l != want) {
+                    panic!("{}: {l}: a GPU test's reason is {want}", path.display());
+                }
             }
         }
     }
