@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::spec::Case;
+use crate::case::Case;
 
 /// Which backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod backend;
+pub mod case;
 pub mod cli;
 pub mod coord;
 pub mod gpu;

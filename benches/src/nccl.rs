@@ -17,9 +17,10 @@ use anyhow::{Result, anyhow, bail};
 use cudarc::nccl::sys::{self, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclUniqueId, ncclWindow_t};
 
 use crate::backend::{Backend, BackendKind, CallError};
+use crate::case::Case;
 use crate::coord::Coord;
 use crate::gpu::{DeviceBuffer, Gpu};
-use crate::spec::{Case, Collective, Dtype, Op};
+use crate::spec::{Collective, Dtype, Op};
 
 /// `NCCL_WIN_COLL_SYMMETRIC` of nccl.h.
 const NCCL_WIN_COLL_SYMMETRIC: i32 = 1;

@@ -18,10 +18,11 @@ use purlin_collectives::NcclType;
 use purlin_collectives::{Comm, CommConfig, Error, Id, ReduceOp, SymmetricBuffer};
 
 use crate::backend::{Backend, BackendKind, CallError};
+use crate::case::Case;
 use crate::coord::Coord;
 use crate::gpu::Gpu;
 use crate::run::Config;
-use crate::spec::{Case, Collective, Dtype, Op};
+use crate::spec::{Collective, Dtype, Op};
 
 /// The communicator's settings: its environment (`PURLIN_*`), with every host-side wait
 /// bounded by the benchmark's `--timeout` and, where `--blocks` was given, its blocks per

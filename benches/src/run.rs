@@ -17,10 +17,11 @@ use anyhow::{Result, anyhow, bail};
 use serde::Serialize;
 
 use crate::backend::{Backend, BackendKind, CallError, Status};
+use crate::case::{Case, POISON};
 use crate::coord::Coord;
 use crate::gpu::{Device, Gpu, Replay};
 use crate::nccl;
-use crate::spec::{Case, Collective, Dtype, Mode, Op, POISON, sweep_sizes};
+use crate::spec::{Collective, Dtype, Mode, Op, sweep_sizes};
 
 /// What runs Purlin's calls: the GPUs, or the host executor on CPU threads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

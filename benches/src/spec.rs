@@ -1,20 +1,13 @@
-//! What is measured: collectives, element types, reduce ops, modes, and one [`Case`] (a
-//! collective at one size) with its per-rank layout, its inputs, its expected output and the
-//! check that counts wrong elements.
-//!
-//! Inputs are small integers drawn from a counter-based hash, so every rank can regenerate any
-//! peer's input (no data exchange for the reference) and any summation order is exact. They are
-//! never zero. Outputs are poisoned with [`POISON`] bytes before each checked call.
+//! What is measured: the benchmark's vocabulary (collectives, element types, reduce ops, modes,
+//! with their command-line names) and its sizes. One collective at one size, with its inputs,
+//! expected output and check, is a [`Case`] (`crate::case`, the test kit's reference).
 
 use std::fmt;
 
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-/// The byte every output buffer is filled with before a checked call. As f16, bf16, f32 and
-/// f64 it is a small negative non-integer; as an integer it is negative (signed) or larger
-/// than any expected value (unsigned): never a value a correct collective produces.
-pub const POISON: u8 = 0xA5;
+pub use crate::case::{Case, POISON};
 
 /// A collective the benchmark sweeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -104,6 +97,22 @@ impl Collective {
             bail!("--collective: empty list");
         }
         Ok(out)
+    }
+
+    /// The test kit's collective.
+    pub fn kit(self) -> purlin_testkit::Collective {
+        match self {
+            Collective::AllReduce => purlin_testkit::Collective::AllReduce,
+            Collective::AllGather => purlin_testkit::Collective::AllGather,
+            Collective::ReduceScatter => purlin_testkit::Collective::ReduceScatter,
+            Collective::AllToAll => purlin_testkit::Collective::AllToAll,
+            Collective::AllGatherV => purlin_testkit::Collective::AllGatherV,
+            Collective::ReduceScatterV => purlin_testkit::Collective::ReduceScatterV,
+            Collective::AllToAllV => purlin_testkit::Collective::AllToAllV,
+            Collective::Broadcast => purlin_testkit::Collective::Broadcast,
+            Collective::Reduce => purlin_testkit::Collective::Reduce,
+            Collective::SendRecv => purlin_testkit::Collective::SendRecv,
+        }
     }
 
     /// Whether the collective reduces (takes a reduce op).
@@ -251,71 +260,33 @@ impl Dtype {
         matches!(self, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64 | Dtype::F8E4M3 | Dtype::F8E5M2)
     }
 
-    /// The largest integer up to which every integer is exactly representable (capped).
-    pub fn max_exact(self) -> i64 {
+    /// The test kit's element type.
+    pub fn kit(self) -> purlin_testkit::Dtype {
         match self {
-            Dtype::F16 => 2048,
-            Dtype::Bf16 => 256,
-            Dtype::F8E4M3 => 16,
-            Dtype::F8E5M2 => 8,
-            Dtype::F32 => 1 << 24,
-            Dtype::I8 => 127,
-            Dtype::U8 => 255,
-            Dtype::F64 | Dtype::I32 | Dtype::U32 | Dtype::I64 | Dtype::U64 => 1 << 30,
+            Dtype::F32 => purlin_testkit::Dtype::F32,
+            Dtype::F16 => purlin_testkit::Dtype::F16,
+            Dtype::Bf16 => purlin_testkit::Dtype::Bf16,
+            Dtype::F64 => purlin_testkit::Dtype::F64,
+            Dtype::I8 => purlin_testkit::Dtype::I8,
+            Dtype::U8 => purlin_testkit::Dtype::U8,
+            Dtype::I32 => purlin_testkit::Dtype::I32,
+            Dtype::U32 => purlin_testkit::Dtype::U32,
+            Dtype::I64 => purlin_testkit::Dtype::I64,
+            Dtype::U64 => purlin_testkit::Dtype::U64,
+            Dtype::F8E4M3 => purlin_testkit::Dtype::F8E4M3,
+            Dtype::F8E5M2 => purlin_testkit::Dtype::F8E5M2,
         }
     }
 
-    /// The largest `k` such that `2^k` is exact and in range.
-    fn max_pow2_exp(self) -> u32 {
-        match self {
-            Dtype::F16 => 15,
-            Dtype::I8 => 6,
-            Dtype::U8 => 7,
-            Dtype::I32 => 30,
-            Dtype::U32 => 31,
-            Dtype::I64 => 62,
-            Dtype::U64 => 63,
-            Dtype::F8E4M3 => 8,
-            Dtype::F8E5M2 => 15,
-            Dtype::Bf16 | Dtype::F32 => 127,
-            Dtype::F64 => 1023,
-        }
-    }
-
-    /// Encodes a (small, exactly representable) integer as this type's bytes, little-endian.
+    /// Encodes a (small, exactly representable) integer as this type's bytes, little-endian
+    /// (the test kit's codecs).
     pub fn encode(self, v: i64, out: &mut [u8]) {
-        match self {
-            Dtype::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
-            Dtype::F16 => out.copy_from_slice(&half::f16::from_f64(v as f64).to_le_bytes()),
-            Dtype::Bf16 => out.copy_from_slice(&half::bf16::from_f64(v as f64).to_le_bytes()),
-            Dtype::F64 => out.copy_from_slice(&(v as f64).to_le_bytes()),
-            Dtype::I8 => out.copy_from_slice(&(v as i8).to_le_bytes()),
-            Dtype::U8 => out.copy_from_slice(&(v as u8).to_le_bytes()),
-            Dtype::I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
-            Dtype::U32 => out.copy_from_slice(&(v as u32).to_le_bytes()),
-            Dtype::I64 => out.copy_from_slice(&v.to_le_bytes()),
-            Dtype::U64 => out.copy_from_slice(&(v as u64).to_le_bytes()),
-            Dtype::F8E4M3 => out[0] = purlin_atom::host::f32_to_e4m3(v as f32),
-            Dtype::F8E5M2 => out[0] = purlin_atom::host::f32_to_e5m2(v as f32),
-        }
+        self.kit().encode(v, out)
     }
 
     /// Decodes one element to f64 (for tolerant comparisons and diagnostics).
     pub fn decode(self, b: &[u8]) -> f64 {
-        match self {
-            Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            Dtype::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
-            Dtype::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-            Dtype::F64 => f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])),
-            Dtype::I8 => b[0] as i8 as f64,
-            Dtype::U8 => b[0] as f64,
-            Dtype::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            Dtype::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            Dtype::I64 => i64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f64,
-            Dtype::U64 => u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f64,
-            Dtype::F8E4M3 => purlin_atom::host::e4m3_to_f32(b[0]) as f64,
-            Dtype::F8E5M2 => purlin_atom::host::e5m2_to_f32(b[0]) as f64,
-        }
+        self.kit().decode(b)
     }
 }
 
@@ -353,6 +324,17 @@ impl Op {
             Op::Min => "min",
             Op::Max => "max",
             Op::Avg => "avg",
+        }
+    }
+
+    /// The test kit's op.
+    pub fn kit(self) -> purlin_testkit::Op {
+        match self {
+            Op::Sum => purlin_testkit::Op::Sum,
+            Op::Prod => purlin_testkit::Op::Prod,
+            Op::Min => purlin_testkit::Op::Min,
+            Op::Max => purlin_testkit::Op::Max,
+            Op::Avg => purlin_testkit::Op::Avg,
         }
     }
 
@@ -465,478 +447,9 @@ pub fn sweep_sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
     out
 }
 
-/// Splits `total` elements over `n` parts with Zipf weights `1/(p+1)^skew` (skew 0: even).
-/// Parts sum to `total` exactly; remainders go to the lowest parts.
-pub fn zipf_split(total: usize, n: usize, skew: f64) -> Vec<usize> {
-    let w: Vec<f64> = (0..n).map(|p| 1.0 / ((p + 1) as f64).powf(skew)).collect();
-    let sum: f64 = w.iter().sum();
-    let mut parts: Vec<usize> = w.iter().map(|x| ((total as f64) * x / sum).floor() as usize).collect();
-    let assigned: usize = parts.iter().sum();
-    let mut left = total.saturating_sub(assigned);
-    let mut p = 0;
-    while left > 0 {
-        parts[p % n] += 1;
-        left -= 1;
-        p += 1;
-    }
-    parts
-}
-
-/// One contiguous piece of a rank's expected output.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Segment {
-    /// `len` elements at `out` are rank `from`'s input elements at `input`.
-    Copy {
-        /// Output offset (elements).
-        out: usize,
-        /// Source rank.
-        from: usize,
-        /// Source input offset (elements).
-        input: usize,
-        /// Elements.
-        len: usize,
-    },
-    /// `len` elements at `out` are the reduction over all ranks of their input at `input`.
-    Reduce {
-        /// Output offset (elements).
-        out: usize,
-        /// Input offset (elements), the same on every rank.
-        input: usize,
-        /// Elements.
-        len: usize,
-    },
-}
-
-/// The rule inputs are drawn by: small positive integers that keep the expected result exact.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ValueRule {
-    /// Values are `scale × u`, `u` uniform in `1..=hi`, or powers of two when `pow2`.
-    pub hi: i64,
-    /// Multiplier (the world size for `avg`, so the mean is an integer).
-    pub scale: i64,
-    /// Draw from {1, 2} (for `prod`).
-    pub pow2: bool,
-}
-
-impl ValueRule {
-    /// The rule for a collective, dtype, op and world.
-    pub fn new(dtype: Dtype, op: Option<Op>, world: usize) -> ValueRule {
-        let n = world.max(1) as i64;
-        let exact = dtype.max_exact();
-        match op {
-            None => ValueRule { hi: exact.min(100), scale: 1, pow2: false },
-            Some(Op::Sum) => ValueRule { hi: (exact / n).clamp(1, 16), scale: 1, pow2: false },
-            Some(Op::Prod) => {
-                if (world as u32) <= dtype.max_pow2_exp() {
-                    ValueRule { hi: 2, scale: 1, pow2: true }
-                } else {
-                    ValueRule { hi: 1, scale: 1, pow2: false }
-                }
-            }
-            Some(Op::Min) | Some(Op::Max) => ValueRule { hi: exact.min(100), scale: 1, pow2: false },
-            Some(Op::Avg) => ValueRule { hi: (exact / (n * n)).clamp(1, 16), scale: n, pow2: false },
-        }
-    }
-
-    /// The input value of `rank` at element `idx` (never zero).
-    #[inline]
-    pub fn value(&self, seed: u64, rank: usize, idx: usize) -> i64 {
-        let h = splitmix64(seed ^ ((rank as u64) << 48) ^ (idx as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let u = 1 + (((h >> 32) * self.hi as u64) >> 32) as i64;
-        if self.pow2 { u } else { u * self.scale }
-    }
-}
-
-#[inline]
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Encodes small integers fast: a table of every value's bytes in `-LIMIT..=LIMIT`.
-struct Encoder {
-    dtype: Dtype,
-    table: Vec<u8>,
-}
-
-const LIMIT: i64 = 1 << 16;
-
-impl Encoder {
-    fn new(dtype: Dtype) -> Encoder {
-        let es = dtype.size();
-        let mut table = vec![0u8; (2 * LIMIT as usize + 1) * es];
-        for (k, ch) in table.chunks_exact_mut(es).enumerate() {
-            dtype.encode(k as i64 - LIMIT, ch);
-        }
-        Encoder { dtype, table }
-    }
-
-    fn fill(&self, out: &mut [u8], f: impl Fn(usize) -> i64) {
-        match self.dtype.size() {
-            1 => self.fill_n::<1>(out, f),
-            2 => self.fill_n::<2>(out, f),
-            4 => self.fill_n::<4>(out, f),
-            _ => self.fill_n::<8>(out, f),
-        }
-    }
-
-    fn fill_n<const N: usize>(&self, out: &mut [u8], f: impl Fn(usize) -> i64) {
-        for (i, ch) in out.chunks_exact_mut(N).enumerate() {
-            let v = f(i);
-            if (-LIMIT..=LIMIT).contains(&v) {
-                let k = (v + LIMIT) as usize * N;
-                ch.copy_from_slice(&self.table[k..k + N]);
-            } else {
-                self.dtype.encode(v, ch);
-            }
-        }
-    }
-}
-
-/// Fills `out` (elements of `es` bytes) in parallel chunks: `f(first_element, chunk)`.
-fn par_fill(out: &mut [u8], es: usize, f: &(dyn Fn(usize, &mut [u8]) + Sync)) {
-    let n = out.len() / es;
-    let threads =
-        if out.len() < (4 << 20) { 1 } else { std::thread::available_parallelism().map_or(1, |t| t.get()).clamp(1, 8) };
-    if threads == 1 {
-        f(0, out);
-        return;
-    }
-    let per = n.div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        for (k, chunk) in out.chunks_mut(per * es).enumerate() {
-            s.spawn(move || f(k * per, chunk));
-        }
-    });
-}
-
-/// One collective at one size: the layout of every rank's input and output.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Case {
-    /// The collective.
-    pub collective: Collective,
-    /// Element type.
-    pub dtype: Dtype,
-    /// Reduce op (None for gathers and all-to-alls).
-    pub op: Option<Op>,
-    /// Ranks.
-    pub world: usize,
-    /// Elements of the nccl-tests "size" (see [`Collective::bytes_meaning`]).
-    pub count: usize,
-    /// `m[p][q]`: elements rank p contributes to rank q's output (A2A), or for AG/RS forms
-    /// `m[0][p]`: elements of partition / contribution p.
-    pub matrix: Vec<Vec<usize>>,
-    /// Seed of this case's inputs (fresh per size).
-    pub seed: u64,
-    /// The input rule.
-    pub rule: ValueRule,
-    /// In place (NCCL's convention, nccl-tests' in-place columns): one buffer per rank, the
-    /// receive buffer, laid out as [`Case::in_place_layout`] says.
-    pub in_place: bool,
-}
-
-/// Where an in-place call's input and output lie in its one buffer, in elements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InPlaceLayout {
-    /// The buffer's elements.
-    pub len: usize,
-    /// Where the input starts.
-    pub input_at: usize,
-    /// Where the output starts.
-    pub output_at: usize,
-}
-
-impl Case {
-    /// The case for `bytes` nominal bytes, or `None` where the size holds fewer elements
-    /// than the collective needs (one per rank, or per pair for all-to-all).
-    pub fn new(
-        collective: Collective,
-        dtype: Dtype,
-        op: Op,
-        world: usize,
-        bytes: usize,
-        skew: f64,
-        seed: u64,
-    ) -> Option<Case> {
-        let n = world;
-        let elems = bytes / dtype.size();
-        let op = collective.reduces().then_some(op);
-        let (count, matrix) = match collective {
-            Collective::AllReduce => {
-                if elems == 0 {
-                    return None;
-                }
-                (elems, vec![vec![elems]])
-            }
-            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
-                let c = elems / n;
-                if c == 0 {
-                    return None;
-                }
-                let rows = if collective == Collective::AllToAll { n } else { 1 };
-                (c * n, vec![vec![c; n]; rows])
-            }
-            Collective::AllGatherV | Collective::ReduceScatterV => {
-                if elems < n {
-                    return None;
-                }
-                (elems, vec![zipf_split(elems, n, skew)])
-            }
-            Collective::AllToAllV => {
-                if elems < n {
-                    return None;
-                }
-                let row = zipf_split(elems, n, skew);
-                (elems, vec![row; n])
-            }
-            // The AllGatherV / ReduceScatterV whose only nonzero part is the root's (rank 0).
-            Collective::Broadcast | Collective::Reduce => {
-                if elems == 0 {
-                    return None;
-                }
-                (elems, vec![(0..n).map(|p| if p == 0 { elems } else { 0 }).collect()])
-            }
-            // The AllToAllV whose only pairs are p → p + 1 (mod n).
-            Collective::SendRecv => {
-                if elems == 0 || n < 2 {
-                    return None;
-                }
-                (elems, (0..n).map(|p| (0..n).map(|q| if q == (p + 1) % n { elems } else { 0 }).collect()).collect())
-            }
-        };
-        Some(Case {
-            collective,
-            dtype,
-            op,
-            world,
-            count,
-            matrix,
-            seed,
-            rule: ValueRule::new(dtype, op, world),
-            in_place: false,
-        })
-    }
-
-    /// Rank `rank`'s in-place layout, NCCL's convention: AllReduce on the whole buffer,
-    /// AllGather with the rank's input at partition `rank` of the output, ReduceScatter
-    /// with the output at partition `rank` of the input, Broadcast and Reduce on the whole
-    /// buffer (the root's part at 0). `None`: an out-of-place case, or a collective with no
-    /// in-place form (AllToAll and the V forms).
-    pub fn in_place_layout(&self, rank: usize) -> Option<InPlaceLayout> {
-        if !self.in_place {
-            return None;
-        }
-        let (input, output) = (self.in_count(rank), self.out_count(rank));
-        match self.collective {
-            Collective::AllReduce => Some(InPlaceLayout { len: output, input_at: 0, output_at: 0 }),
-            Collective::AllGather => Some(InPlaceLayout { len: output, input_at: rank * input, output_at: 0 }),
-            Collective::ReduceScatter => Some(InPlaceLayout { len: input, input_at: 0, output_at: rank * output }),
-            // The root's part at offset 0, the whole buffer on every rank.
-            Collective::Broadcast | Collective::Reduce => {
-                Some(InPlaceLayout { len: self.count, input_at: 0, output_at: 0 })
-            }
-            _ => None,
-        }
-    }
-
-    /// The size in bytes (nccl-tests' definition, see [`Collective::bytes_meaning`]).
-    pub fn bytes(&self) -> usize {
-        self.count * self.dtype.size()
-    }
-
-    /// Partition sizes for AG/RS forms (`parts()[p]` = rank p's contribution or partition).
-    pub fn parts(&self) -> &[usize] {
-        &self.matrix[0]
-    }
-
-    /// Offset of partition `p` in an AG/RS form's full buffer.
-    pub fn part_offset(&self, p: usize) -> usize {
-        self.parts()[..p].iter().sum()
-    }
-
-    /// Elements rank `p` sends to rank `q` (all-to-all forms).
-    pub fn pair(&self, p: usize, q: usize) -> usize {
-        self.matrix[p][q]
-    }
-
-    /// Offset in rank `p`'s input of what it sends to `q` (all-to-all forms).
-    pub fn send_offset(&self, p: usize, q: usize) -> usize {
-        self.matrix[p][..q].iter().sum()
-    }
-
-    /// Offset in rank `r`'s output of what it receives from `p` (all-to-all forms).
-    pub fn recv_offset(&self, r: usize, p: usize) -> usize {
-        (0..p).map(|q| self.matrix[q][r]).sum()
-    }
-
-    /// Input elements of `rank`.
-    pub fn in_count(&self, rank: usize) -> usize {
-        match self.collective {
-            Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => {
-                self.count
-            }
-            Collective::AllGather | Collective::AllGatherV | Collective::Broadcast => self.parts()[rank],
-            Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv => self.matrix[rank].iter().sum(),
-        }
-    }
-
-    /// Output elements of `rank`.
-    pub fn out_count(&self, rank: usize) -> usize {
-        match self.collective {
-            Collective::AllReduce | Collective::AllGather | Collective::AllGatherV | Collective::Broadcast => {
-                self.count
-            }
-            Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => self.parts()[rank],
-            Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv => {
-                (0..self.world).map(|p| self.matrix[p][rank]).sum()
-            }
-        }
-    }
-
-    /// The segments of `rank`'s expected output.
-    pub fn segments(&self, rank: usize) -> Vec<Segment> {
-        let n = self.world;
-        match self.collective {
-            Collective::AllReduce => vec![Segment::Reduce { out: 0, input: 0, len: self.count }],
-            Collective::AllGather | Collective::AllGatherV | Collective::Broadcast => (0..n)
-                .map(|p| Segment::Copy { out: self.part_offset(p), from: p, input: 0, len: self.parts()[p] })
-                .collect(),
-            Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => {
-                vec![Segment::Reduce { out: 0, input: self.part_offset(rank), len: self.parts()[rank] }]
-            }
-            Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv => (0..n)
-                .map(|p| Segment::Copy {
-                    out: self.recv_offset(rank, p),
-                    from: p,
-                    input: self.send_offset(p, rank),
-                    len: self.pair(p, rank),
-                })
-                .collect(),
-        }
-    }
-
-    /// `rank`'s input, encoded.
-    pub fn input(&self, rank: usize) -> Vec<u8> {
-        let es = self.dtype.size();
-        let mut out = vec![0u8; self.in_count(rank) * es];
-        let enc = Encoder::new(self.dtype);
-        let (rule, seed) = (self.rule, self.seed);
-        par_fill(&mut out, es, &|first, chunk| enc.fill(chunk, |i| rule.value(seed, rank, first + i)));
-        out
-    }
-
-    /// `rank`'s expected output, encoded.
-    pub fn expected(&self, rank: usize) -> Vec<u8> {
-        let es = self.dtype.size();
-        let mut out = vec![POISON; self.out_count(rank) * es];
-        let enc = Encoder::new(self.dtype);
-        let (rule, seed, n) = (self.rule, self.seed, self.world);
-        for seg in self.segments(rank) {
-            match seg {
-                Segment::Copy { out: o, from, input, len } => {
-                    par_fill(&mut out[o * es..(o + len) * es], es, &|first, chunk| {
-                        enc.fill(chunk, |i| rule.value(seed, from, input + first + i))
-                    });
-                }
-                Segment::Reduce { out: o, input, len } => {
-                    let dst = &mut out[o * es..(o + len) * es];
-                    let v = |p: usize, i: usize| rule.value(seed, p, i);
-                    match self.op.unwrap_or(Op::Sum) {
-                        Op::Sum => {
-                            par_fill(dst, es, &|f, c| enc.fill(c, |i| (0..n).map(|p| v(p, input + f + i)).sum()))
-                        }
-                        Op::Prod => {
-                            par_fill(dst, es, &|f, c| enc.fill(c, |i| (0..n).map(|p| v(p, input + f + i)).product()))
-                        }
-                        Op::Min => par_fill(dst, es, &|f, c| {
-                            enc.fill(c, |i| (0..n).map(|p| v(p, input + f + i)).min().unwrap_or(0))
-                        }),
-                        Op::Max => par_fill(dst, es, &|f, c| {
-                            enc.fill(c, |i| (0..n).map(|p| v(p, input + f + i)).max().unwrap_or(0))
-                        }),
-                        Op::Avg => par_fill(dst, es, &|f, c| {
-                            enc.fill(c, |i| (0..n).map(|p| v(p, input + f + i)).sum::<i64>() / n as i64)
-                        }),
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// Counts the elements of `got` that differ from `expected` (exactly, except `avg` on
-    /// floats, which allows a rounding error). Also counts missing elements.
-    pub fn count_wrong(&self, got: &[u8], expected: &[u8]) -> Wrong {
-        count_wrong(self.dtype, self.op, got, expected)
-    }
-}
-
-/// The wrong elements of one check.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Wrong {
-    /// How many elements differ.
-    pub count: u64,
-    /// The first wrong element's index, with the value found and the one expected.
-    pub first: Option<(usize, f64, f64)>,
-}
-
-/// See [`Case::count_wrong`].
-pub fn count_wrong(dtype: Dtype, op: Option<Op>, got: &[u8], expected: &[u8]) -> Wrong {
-    let es = dtype.size();
-    let n_exp = expected.len() / es;
-    let n_got = got.len() / es;
-    let mut w = Wrong { count: n_exp.abs_diff(n_got) as u64, first: None };
-    let tolerant = op == Some(Op::Avg) && dtype.is_float();
-    if !tolerant && got == expected {
-        return w; // the common case, at memcmp speed
-    }
-    let tol = match dtype {
-        Dtype::F16 | Dtype::Bf16 => 1e-2,
-        // One rounding of a 3- or 2-bit mantissa: up to 2^-4 / 2^-3 of the value.
-        Dtype::F8E4M3 | Dtype::F8E5M2 => 0.125,
-        _ => 1e-5,
-    };
-    for (i, (g, e)) in got.chunks_exact(es).zip(expected.chunks_exact(es)).enumerate() {
-        let bad = if tolerant {
-            let (g, e) = (dtype.decode(g), dtype.decode(e));
-            g.is_nan() || (g - e).abs() > tol * e.abs().max(1.0)
-        } else {
-            g != e
-        };
-        if bad {
-            w.count += 1;
-            if w.first.is_none() {
-                w.first = Some((i, dtype.decode(g), dtype.decode(e)));
-            }
-        }
-    }
-    w
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The reduction, written independently of `Case::expected`.
-    fn reduce(op: Op, mut vals: impl Iterator<Item = i64>) -> i64 {
-        let first = vals.next().unwrap_or(0);
-        match op {
-            Op::Sum => vals.fold(first, |a, b| a + b),
-            Op::Prod => vals.fold(first, |a, b| a * b),
-            Op::Min => vals.fold(first, i64::min),
-            Op::Max => vals.fold(first, i64::max),
-            Op::Avg => {
-                let mut n = 1;
-                let s = vals.fold(first, |a, b| {
-                    n += 1;
-                    a + b
-                });
-                s / n
-            }
-        }
-    }
 
     #[test]
     fn sizes_parse() {
@@ -987,164 +500,11 @@ mod tests {
         assert_eq!(Dtype::parse("bfloat16").unwrap(), Dtype::Bf16);
         assert_eq!(Dtype::parse("float8_e4m3fn").unwrap(), Dtype::F8E4M3);
         assert_eq!(Dtype::parse("e5m2").unwrap(), Dtype::F8E5M2);
-        for d in [Dtype::F8E4M3, Dtype::F8E5M2] {
-            // Every integer up to max_exact survives the byte encoding (what the checks assume).
-            for v in -d.max_exact()..=d.max_exact() {
-                let mut b = [0u8];
-                d.encode(v, &mut b);
-                assert_eq!(d.decode(&b), v as f64, "{d:?} {v}");
-            }
-        }
+        // The test kit's vocabulary, variant for variant.
+        assert_eq!(Dtype::ALL.map(Dtype::kit), purlin_testkit::Dtype::ALL);
+        assert_eq!(Op::ALL.map(Op::kit), purlin_testkit::Op::ALL);
+        assert_eq!(Collective::every().map(Collective::kit).collect::<Vec<_>>(), purlin_testkit::Collective::EVERY);
         assert_eq!(Op::parse("avg").unwrap(), Op::Avg);
         assert_eq!(Mode::parse_list("both").unwrap().len(), 2);
-    }
-
-    #[test]
-    fn zipf_sums_and_skews() {
-        let p = zipf_split(1000, 4, 1.0);
-        assert_eq!(p.iter().sum::<usize>(), 1000);
-        assert!(p[0] > p[1] && p[1] > p[2] && p[2] > p[3]);
-        assert_eq!(zipf_split(8, 4, 0.0), vec![2, 2, 2, 2]);
-        assert_eq!(zipf_split(3, 4, 0.0).iter().sum::<usize>(), 3);
-    }
-
-    /// Simulates every collective on the host from the inputs alone (moving data as the
-    /// collective's definition says, independently of `segments`) and checks that the
-    /// expected outputs agree.
-    #[test]
-    fn expected_outputs_match_a_direct_simulation() {
-        for world in [2, 3, 4] {
-            for c in Collective::every() {
-                for dtype in [Dtype::F32, Dtype::Bf16, Dtype::I8] {
-                    for op in [Op::Sum, Op::Prod, Op::Max, Op::Avg] {
-                        let case = Case::new(c, dtype, op, world, 1000, 1.0, 7).unwrap();
-                        let inputs: Vec<Vec<i64>> = (0..world)
-                            .map(|r| (0..case.in_count(r)).map(|i| case.rule.value(case.seed, r, i)).collect())
-                            .collect();
-                        for r in 0..world {
-                            let want: Vec<i64> = simulate(&case, &inputs, r);
-                            let es = dtype.size();
-                            let mut enc = vec![0u8; want.len() * es];
-                            for (v, ch) in want.iter().zip(enc.chunks_exact_mut(es)) {
-                                dtype.encode(*v, ch);
-                            }
-                            let exp = case.expected(r);
-                            assert_eq!(
-                                case.count_wrong(&enc, &exp).count,
-                                0,
-                                "{c} {dtype} {op} world {world} rank {r}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn simulate(case: &Case, inputs: &[Vec<i64>], r: usize) -> Vec<i64> {
-        let n = case.world;
-        let red = |i: usize| reduce(case.op.unwrap_or(Op::Sum), (0..n).map(|p| inputs[p][i]));
-        match case.collective {
-            Collective::AllReduce => (0..case.count).map(red).collect(),
-            Collective::AllGather | Collective::AllGatherV | Collective::Broadcast => inputs.concat(),
-            Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => {
-                let off: usize = case.parts()[..r].iter().sum();
-                (off..off + case.parts()[r]).map(red).collect()
-            }
-            Collective::AllToAll | Collective::AllToAllV | Collective::SendRecv => {
-                let mut out = Vec::new();
-                for (p, input) in inputs.iter().enumerate() {
-                    let off: usize = case.matrix[p][..r].iter().sum();
-                    out.extend_from_slice(&input[off..off + case.matrix[p][r]]);
-                }
-                out
-            }
-        }
-    }
-
-    #[test]
-    fn inputs_are_exact_small_and_never_zero() {
-        for dtype in Dtype::ALL {
-            for op in Op::ALL {
-                for world in [2, 8, 16] {
-                    let rule = ValueRule::new(dtype, Some(op), world);
-                    for i in 0..2000 {
-                        let v = rule.value(1, i % world, i);
-                        assert!(v != 0);
-                        let mut b = vec![0u8; dtype.size()];
-                        dtype.encode(v, &mut b);
-                        assert_eq!(dtype.decode(&b), v as f64, "{dtype} {op} {v}");
-                    }
-                    // The reduced value is exact too.
-                    let worst = match op {
-                        Op::Sum => rule.hi * rule.scale * world as i64,
-                        Op::Prod => {
-                            if rule.pow2 {
-                                1 << world
-                            } else {
-                                1
-                            }
-                        }
-                        _ => rule.hi * rule.scale,
-                    };
-                    let mut b = vec![0u8; dtype.size()];
-                    dtype.encode(worst, &mut b);
-                    assert_eq!(dtype.decode(&b), worst as f64, "{dtype} {op} world {world}: {worst}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_planted_wrong_element_is_counted() {
-        let case = Case::new(Collective::AllReduce, Dtype::F32, Op::Sum, 2, 4096, 0.0, 3).unwrap();
-        let exp = case.expected(0);
-        let mut got = exp.clone();
-        assert_eq!(case.count_wrong(&got, &exp).count, 0);
-        got[40..44].copy_from_slice(&12345.0f32.to_le_bytes());
-        let w = case.count_wrong(&got, &exp);
-        assert_eq!(w.count, 1);
-        assert_eq!(w.first.unwrap().0, 10);
-        // A poisoned (never written) output is all wrong.
-        let poisoned = vec![POISON; exp.len()];
-        assert_eq!(case.count_wrong(&poisoned, &exp).count, 1024);
-        // A short output counts the missing elements.
-        assert_eq!(case.count_wrong(&exp[..exp.len() - 8], &exp).count, 2);
-    }
-
-    #[test]
-    fn poison_is_never_expected() {
-        for dtype in Dtype::ALL {
-            let p = dtype.decode(&vec![POISON; dtype.size()]);
-            // Negative or fractional, or (u8) above every gathered value.
-            assert!(p.is_nan() || p < 0.0 || p.fract() != 0.0 || p > 100.0, "{dtype}: {p}");
-        }
-    }
-
-    #[test]
-    fn too_small_sizes_are_skipped() {
-        assert!(Case::new(Collective::AllGather, Dtype::F64, Op::Sum, 2, 8, 0.0, 0).is_none());
-        let c = Case::new(Collective::AllGather, Dtype::F32, Op::Sum, 2, 8, 0.0, 0).unwrap();
-        assert_eq!((c.in_count(0), c.out_count(0), c.bytes()), (1, 2, 8));
-        let c = Case::new(Collective::ReduceScatter, Dtype::F32, Op::Sum, 3, 40, 0.0, 0).unwrap();
-        assert_eq!((c.count, c.in_count(1), c.out_count(1)), (9, 9, 3));
-    }
-
-    /// NCCL's in-place convention: AllGather's input at the rank's partition of the output,
-    /// ReduceScatter's output at the rank's partition of the input; no in-place AllToAll.
-    #[test]
-    fn in_place_layouts_follow_nccl() {
-        let case = |c| Case { in_place: true, ..Case::new(c, Dtype::F32, Op::Sum, 4, 4096, 1.0, 7).unwrap() };
-        let ar = case(Collective::AllReduce).in_place_layout(3).unwrap();
-        assert_eq!((ar.len, ar.input_at, ar.output_at), (1024, 0, 0));
-        let ag = case(Collective::AllGather).in_place_layout(3).unwrap();
-        assert_eq!((ag.len, ag.input_at, ag.output_at), (1024, 768, 0));
-        let rs = case(Collective::ReduceScatter).in_place_layout(2).unwrap();
-        assert_eq!((rs.len, rs.input_at, rs.output_at), (1024, 0, 512));
-        for c in [Collective::AllToAll, Collective::AllGatherV, Collective::ReduceScatterV, Collective::AllToAllV] {
-            assert_eq!(case(c).in_place_layout(0), None, "{c}");
-        }
-        let out_of_place = Case { in_place: false, ..case(Collective::AllReduce) };
-        assert_eq!(out_of_place.in_place_layout(0), None);
     }
 }

@@ -9,7 +9,7 @@ use purlin_benches::launch::{Launched, launch};
 use purlin_benches::report;
 
 #[test]
-#[ignore = "needs GPUs and libnccl (run on the GPU machine with --ignored)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn short_sweep_on_every_gpu_is_correct() {
     assert_eq!(
         std::env::var("NCCL_NVLS_ENABLE").as_deref(),

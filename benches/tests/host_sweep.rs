@@ -7,12 +7,13 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use purlin_benches::backend::{Backend, BackendKind, CallError, Status};
+use purlin_benches::case::{Case, Segment};
 use purlin_benches::cli;
 use purlin_benches::coord::{Coord, Region};
 use purlin_benches::gpu::HostDevice;
 use purlin_benches::report;
 use purlin_benches::run::{self, Outcome};
-use purlin_benches::spec::{Case, Collective, Op, Segment};
+use purlin_benches::spec::{Collective, Op};
 
 struct Shared {
     barrier: Barrier,

@@ -9,7 +9,7 @@ OUTDIR=${1:-$PWD/one-gpu-check-out}
 L=$(mktemp -d)/one_gpu_check; mkdir -p "$L"
 export NCCL_NVLS_ENABLE=0 PURLIN_KERNEL_CACHE=$HERE/kernel-cache RUST_BACKTRACE=1 PURLIN_SHARED_GPU=1
 date -u +%FT%TZ > "$L/date.txt"; nvidia-smi -L > "$L/gpu.txt" 2>&1
-T=$HERE/bin/device_collectives-test
+T=$HERE/bin/gpu_collectives-test
 for t in send_recv_and_groups_exchange_at_world_2 broadcast_and_reduce_from_every_root symmetric_buffers_take_one_copy_and_match_the_reference in_place_gathers_and_scatters_match_the_reference; do
   timeout 200 "$T" --ignored --exact "$t" --test-threads=1 --nocapture > "$L/$t.log" 2>&1
   echo "$t rc=$? $(grep -E '^test result:' "$L/$t.log" | tail -1) $(grep -E '^EXEC' "$L/$t.log" | tail -1)" >> "$L/summary.txt"

@@ -3,8 +3,8 @@
 //!
 //! - `purlin-bench-<variant>` per ref, built from its own checkout (a `git worktree` under
 //!   `target/ab-src/`, one shared `target/ab-build/`, so dependencies build once);
-//! - each candidate's `atom_gpu`, `device_collectives`, `device_conformance`, `device_sequences`
-//!   and `device_faults` tests under
+//! - each candidate's `gpu_atom`, `gpu_collectives`, `gpu_conformance`, `gpu_sequences`
+//!   and `gpu_faults` tests under
 //!   `bin/<variant>/` (the baseline's are main's: the rounds that landed ran them; none for a
 //!   `--bench-only` ref, a control that will not land, whose 11 MiB of tests would crowd the
 //!   64 MiB the device tool carries);
@@ -31,14 +31,15 @@ const RUN_SH: &str = include_str!("../ab-round/run.sh");
 const COMPARE_PY: &str = include_str!("../ab-round/compare.py");
 const SWEEPS_TXT: &str = include_str!("../ab-round/sweeps.txt");
 
-/// The GPU tests each candidate runs, as (package, test): the Atom against the host Atom,
-/// and every collective and dtype checked exactly.
-const CANDIDATE_TESTS: [(&str, &str); 5] = [
-    ("purlin-atom", "atom_gpu"),
-    ("purlin-collectives", "device_collectives"),
-    ("purlin-collectives", "device_conformance"),
-    ("purlin-collectives", "device_sequences"),
-    ("purlin-collectives", "device_faults"),
+/// The GPU tests each candidate runs, as (package, test, the test's name in refs from before
+/// the `gpu_*` names): the Atom against the host Atom, and every collective and dtype checked
+/// exactly.
+const CANDIDATE_TESTS: [(&str, &str, &str); 5] = [
+    ("purlin-atom", "gpu_atom", "atom_gpu"),
+    ("purlin-collectives", "gpu_collectives", "device_collectives"),
+    ("purlin-collectives", "gpu_conformance", "device_conformance"),
+    ("purlin-collectives", "gpu_sequences", "device_sequences"),
+    ("purlin-collectives", "gpu_faults", "device_faults"),
 ];
 
 const USAGE: &str =
@@ -98,13 +99,15 @@ pub(crate) fn ab_round(args: &[String]) -> Result<()> {
         copy_stripped(&bench.1, &out.join(format!("purlin-bench-{name}")))?;
 
         if i > 0 && !bench_only.contains(git_ref) {
-            for (package, test) in CANDIDATE_TESTS {
+            for (package, test, before) in CANDIDATE_TESTS {
+                let renamed = tree.join("crates").join(package).join("tests").join(format!("{test}.rs")).exists();
+                let target = if renamed { test } else { before };
                 let tests =
-                    build(&tree, &build_dir, &["test", "--release", "-p", package, "--no-run", "--test", test])?;
+                    build(&tree, &build_dir, &["test", "--release", "-p", package, "--no-run", "--test", target])?;
                 let (_, exe) = tests
                     .iter()
-                    .find(|(target, _)| target == test)
-                    .with_context(|| format!("{git_ref} has no test {test}"))?;
+                    .find(|(t, _)| t == target)
+                    .with_context(|| format!("{git_ref} has no test {target}"))?;
                 copy_stripped(exe, &out.join("bin").join(name).join(format!("{test}-test")))?;
             }
         }

@@ -138,15 +138,8 @@ fn bench(args: &[String]) -> Result<()> {
 }
 
 /// Test executables a `--lean` round keeps: the collectives' GPU tests.
-const LEAN_TESTS: [&str; 7] = [
-    "comm_gpu",
-    "device_collectives",
-    "device_conformance",
-    "device_faults",
-    "device_sequences",
-    "device_smoke",
-    "nccl_drop_in",
-];
+const LEAN_TESTS: [&str; 7] =
+    ["gpu_comm", "gpu_collectives", "gpu_conformance", "gpu_faults", "gpu_sequences", "gpu_smoke", "gpu_nccl_drop_in"];
 
 /// Programs a `--lean` round keeps.
 const LEAN_PROGRAMS: [&str; 5] = ["purlin-bench", "quickstart", "latency_floor", "gate_timeline", "smoke"];

@@ -1,11 +1,11 @@
 //! The host Atom against independent references: the `half` crate for f16/bf16, a
 //! brute-force nearest-value search for fp8, and a plain rank-order fold for reduce.
 
-mod common;
+mod random_data;
 
-use common::{Rng, first_mismatch, random_elements};
 use purlin_atom::host::{self, HostAtomError, HostSrc};
 use purlin_atom::{DType, F8E4M3, F8E5M2, ReduceOp};
+use random_data::{Rng, first_mismatch, random_elements};
 
 fn same_f32(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
@@ -161,7 +161,7 @@ fn reduce_ref(dtype: DType, op: ReduceOp, srcs: &[Vec<u8>]) -> Vec<u8> {
         }
     };
     for i in 0..count {
-        let codes: Vec<u32> = srcs.iter().map(|s| common::code_at(dtype, s, i)).collect();
+        let codes: Vec<u32> = srcs.iter().map(|s| random_data::code_at(dtype, s, i)).collect();
         let code = match dtype {
             DType::I32 => {
                 let mut a = codes[0] as i32;
@@ -352,4 +352,34 @@ fn mean_division_by_fma_matches_ieee() {
         }
     }
     assert_eq!(checked, 16 * ((1 << 23) + 12));
+}
+
+/// The test kit's own fp8 codec (the collectives' reference) and the host Atom's agree on every
+/// code's value and on the rounding of every value in range: two independent writings of the
+/// formats.
+#[test]
+fn the_test_kit_fp8_codec_agrees_with_the_host_atom() {
+    use purlin_testkit::fp8::Format;
+    type Codec = (fn(u8) -> f32, fn(f32) -> u8);
+    let formats: [(Format, Codec, f32); 2] = [
+        (Format::E4M3, (host::e4m3_to_f32, host::f32_to_e4m3), 448.0),
+        (Format::E5M2, (host::e5m2_to_f32, host::f32_to_e5m2), 57344.0),
+    ];
+    let mut rng = Rng::new(48);
+    for (f, (decode, encode), max) in formats {
+        let mut probes = vec![];
+        for c in 0..=255u8 {
+            let (kit, atom) = (f.value(c), decode(c) as f64);
+            assert!(kit.to_bits() == atom.to_bits() || (kit.is_nan() && atom.is_nan()), "{f:?} {c:#x}");
+            if kit.is_finite() {
+                probes.push(kit as f32);
+            }
+        }
+        probes.extend((0..20_000).map(|_| rng.f32(max)));
+        for x in probes.into_iter().filter(|x| x.abs() <= max) {
+            let (kit, atom) = (f.encode(x as f64), encode(x));
+            // Both zeros are the one value 0 (the kit never writes -0).
+            assert!(kit == atom || (f.value(kit) == 0.0 && f.value(atom) == 0.0), "{f:?} {x}: {kit:#x} {atom:#x}");
+        }
+    }
 }

@@ -4,15 +4,14 @@
 //! the other waiting for the timeout; the world is poisoned afterwards. Matching calls pass
 //! the check (every other host test makes them).
 
-#[path = "host_collectives_support/mod.rs"]
-mod support;
+mod host_runner;
 
 use std::thread;
 
+use host_runner::{Setup, comms};
 use purlin_collectives::CpuComm;
 use purlin_collectives::{Error, ReduceOp, Status};
 use purlin_snac::ReductionMode;
-use support::{Setup, comms};
 
 /// One rank's side of a mismatched pair of calls.
 type Call = fn(&CpuComm) -> Result<Status, Error>;

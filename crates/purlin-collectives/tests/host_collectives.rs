@@ -6,15 +6,14 @@
 //! regimes/staging sides; `full_matrix` (ignored: "full matrix: run with --ignored") runs
 //! the whole product.
 
-#[path = "host_collectives_support/mod.rs"]
-mod support;
+mod host_runner;
 
 use std::time::Instant;
 
+use host_runner::*;
 use purlin_collectives::{CpuComm, CpuConfig};
 use purlin_collectives::{Error, ReduceOp};
 use purlin_snac::{Collective, DataType, ReductionMode};
-use support::*;
 
 #[test]
 fn ci_matrix() {
@@ -420,7 +419,22 @@ fn avg_rounds_once_in_both_regimes() {
         })
         .collect();
     let sum = |i: usize| inputs.iter().fold(0f32, |a, x| a + x[i].to_f32());
-    let want: Vec<f16> = (0..N).map(|i| f16::from_f32(sum(i) / WORLD as f32)).collect();
+    // The test kit's rule for Avg.
+    let want: Vec<f16> = (0..N)
+        .map(|i| {
+            let srcs: Vec<[u8; 2]> = inputs.iter().map(|x| x[i].to_le_bytes()).collect();
+            let srcs: Vec<&[u8]> = srcs.iter().map(|b| b.as_slice()).collect();
+            let mut out = [0u8; 2];
+            purlin_testkit::reference::reduce_element(
+                purlin_testkit::Dtype::F16,
+                purlin_testkit::Op::Avg,
+                &srcs,
+                &mut out,
+            );
+            f16::from_le_bytes(out)
+        })
+        .collect();
+    assert!((0..N).all(|i| want[i] == f16::from_f32(sum(i) / WORLD as f32)), "the kit's Avg: one rounding");
     let rounded_twice = (0..N).filter(|&i| f16::from_f32(f16::from_f32(sum(i)).to_f32() / WORLD as f32) != want[i]);
     assert!(rounded_twice.count() > N / 20, "the inputs must tell the two roundings apart");
     for setup in [Setup::Latency, Setup::ThroughputPeer, Setup::ThroughputOwn] {
@@ -525,9 +539,33 @@ fn broadcast_and_reduce_from_every_root() {
                         .collect();
                     hs.into_iter().map(|h| h.join().expect("rank thread")).collect::<Vec<_>>()
                 });
-                let root_input: Vec<i32> = (0..n).map(|i| input(root, i)).collect();
-                let folded: Vec<i32> =
-                    (0..n).map(|i| (1..world).fold(input(0, i), |a, q| fold(a, input(q, i)))).collect();
+                // The test kit's reference: the AllGatherV / ReduceScatterV whose only part is the root's.
+                let one_hot: Vec<usize> = (0..world).map(|p| if p == root { n } else { 0 }).collect();
+                let kit_case = |c| {
+                    let op = host_runner::kit_op(op);
+                    purlin_testkit::Case::with_counts(
+                        c,
+                        purlin_testkit::Dtype::I32,
+                        Some(op),
+                        world,
+                        purlin_testkit::Counts::PerRank(one_hot.clone()),
+                    )
+                };
+                let bytes =
+                    |r: usize, len: usize| -> Vec<u8> { (0..len).flat_map(|i| input(r, i).to_le_bytes()).collect() };
+                let ints = |b: Vec<u8>| -> Vec<i32> {
+                    b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()
+                };
+                let gather = kit_case(purlin_testkit::Collective::AllGatherV);
+                let gather_in: Vec<Vec<u8>> = (0..world).map(|r| bytes(r, gather.in_count(r))).collect();
+                let root_input = ints(purlin_testkit::reference::expected(&gather, &gather_in, root));
+                let scatter = kit_case(purlin_testkit::Collective::ReduceScatterV);
+                let scatter_in: Vec<Vec<u8>> = (0..world).map(|r| bytes(r, n)).collect();
+                let folded = ints(purlin_testkit::reference::expected(&scatter, &scatter_in, root));
+                assert_eq!(
+                    folded,
+                    (0..n).map(|i| (1..world).fold(input(0, i), |a, q| fold(a, input(q, i)))).collect::<Vec<_>>()
+                );
                 for (r, got) in results.into_iter().enumerate() {
                     let what = format!("world {world} {setup:?} root {root} {op:?} rank {r}");
                     let [bcast, bcast_in_place, reduced, reduced_in_place] =

@@ -2,15 +2,15 @@
 //! plan passes the output check; the same plan with one region shifted by one byte runs to
 //! completion and FAILS it. Also: bounded waits and poisoning.
 
-mod region_shift;
+mod plan_on_host;
 
 use std::time::Duration;
 
+use plan_on_host::{execute_on_host, shift_first};
 use purlin_collectives::Error;
 use purlin_collectives::internal::host_executor::{HostMemoryConfig, HostWorld};
 use purlin_collectives::{CpuComm, CpuConfig};
 use purlin_snac::{CollectiveSpec, DataType, Plan, PlanConfig, Regime, Space, StagingSide, Step, derive};
-use region_shift::{execute_on_host, shift_first};
 
 fn memory(cfg: &PlanConfig) -> HostMemoryConfig {
     HostMemoryConfig {

@@ -1,11 +1,11 @@
 //! The host communicator and the workspace set-up protocol, with real threads and real
 //! processes (CI, no GPU).
 
-mod common;
+mod child_process;
 
 use std::time::{Duration, Instant};
 
-use common::{Kid, ROLE, role, torchrun_env};
+use child_process::{Kid, ROLE, role, torchrun_env};
 use purlin_collectives::Error;
 use purlin_collectives::Id;
 use purlin_collectives::internal::HostComm;

@@ -3,15 +3,14 @@
 //! plain and symmetric buffers; a group runs its k-th send with its k-th receive; what a pair
 //! cannot be (a wider world, a rank with itself) is a typed error before anything runs.
 
-#[path = "host_collectives_support/mod.rs"]
-mod support;
+mod host_runner;
 
 use std::thread;
 
+use host_runner::{Setup, comms};
 use purlin_collectives::CpuComm;
 use purlin_collectives::Error;
 use purlin_snac::ReductionMode;
-use support::{Setup, comms};
 
 /// Element `i` of what `rank` sends in call `call`: distinct per rank, call and index.
 fn payload(rank: usize, call: usize, i: usize) -> i32 {

@@ -1,17 +1,16 @@
 //! Symmetric buffers on the host executor (`CpuComm::alloc_symmetric`): every collective takes
 //! the one-copy plan where its buffers are symmetric on every rank, and its outputs match the
-//! independent reference of `host_collectives_support`; the rendezvous, ownership and length
+//! independent reference of `purlin_testkit` (through `host_runner`); the rendezvous, ownership and length
 //! checks are typed errors that touch nothing.
 
-#[path = "host_collectives_support/mod.rs"]
-mod support;
+mod host_runner;
 
 use std::time::Duration;
 
+use host_runner::*;
 use purlin_collectives::{CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuSymmetricBuffer};
 use purlin_collectives::{Error, ReduceOp};
 use purlin_snac::{Collective, DataType, ReductionMode};
-use support::*;
 
 /// Runs `case` and returns, per rank, whether its call ran a one-copy plan.
 fn run_and_report(comms: &[CpuComm], case: &Case) -> Vec<bool> {

@@ -1,4 +1,4 @@
-// A program written against `cudarc::nccl` (set-up + AllReduce). `tests/nccl_drop_in.rs`
+// A program written against `cudarc::nccl` (set-up + AllReduce). `tests/gpu_nccl_drop_in.rs`
 // compiles it twice: after `use cudarc::nccl::{...}` and after
 // `use purlin_collectives::nccl::{...}` — the only line that differs.
 //

@@ -1,6 +1,6 @@
 //! Sequences of collectives on 2 ranks (2 GPUs, or one under `PURLIN_SHARED_GPU=1`; one
 //! process, `Comm::from_devices`), every output
-//! checked against an independent host reference (gpu_support: fresh random small integers,
+//! checked against an independent host reference (purlin_testkit: fresh random small integers,
 //! poisoned outputs, exact comparison):
 //!
 //! - a CUDA graph of mixed collectives (every collective, a V form, an in-place call,
@@ -13,15 +13,15 @@
 //! - one rank delayed before every launch (host spin and a device sleep kernel), 60 calls
 //!   per delayed rank.
 //!
-//! Run on the GPU machine: `device_sequences-test --ignored --test-threads=1 --nocapture`.
+//! Run on the GPU machine: `gpu_sequences-test --ignored --test-threads=1 --nocapture`.
 
-mod gpu_support;
+mod gpu_calls;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaGraph;
-use gpu_support::{
+use gpu_calls::{
     Bufs, Call, Coll, Dt, Rng, call, capture, device_sleep, fresh_seed, replay_with_fresh_inputs, sleep_request, spin,
     streams,
 };
@@ -37,7 +37,7 @@ fn config(tuning: Tuning) -> CommConfig {
         timeout: Duration::from_secs(60),
         device_timeout: Duration::from_secs(20),
         tuning,
-        ..gpu_support::base_config()
+        ..gpu_calls::base_config()
     }
 }
 
@@ -85,7 +85,7 @@ fn describe_plans(comms: &[Comm], calls: &[Call]) -> (Vec<Regime>, BTreeSet<usiz
 }
 
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn graph_of_mixed_collectives_replays_with_fresh_inputs() {
     let streams = streams();
     for s in &streams {
@@ -171,7 +171,7 @@ fn back_to_back_calls() -> Vec<Call> {
 }
 
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn back_to_back_calls_of_different_grids_are_exact() {
     let streams = streams();
     let seed = fresh_seed();
@@ -223,7 +223,7 @@ fn back_to_back_calls_of_different_grids_are_exact() {
 }
 
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn a_delayed_rank_still_gets_exact_results() {
     let streams = streams();
     let mut cfg = config(Tuning::default());
@@ -285,8 +285,7 @@ fn a_delayed_rank_still_gets_exact_results() {
 fn the_sleep_kernel_compiles() {
     purlin_atom::nvrtc::load().expect("libnvrtc is required (run `cargo xtask test`)");
     for arch in [purlin_atom::Arch::SM80, purlin_atom::Arch::SM90] {
-        let cubin =
-            purlin_atom::nvrtc::compile_cubin(&gpu_support::sleep_unit(), arch).unwrap_or_else(|e| panic!("{e}"));
+        let cubin = purlin_atom::nvrtc::compile_cubin(&gpu_calls::sleep_unit(), arch).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&cubin[..4], b"\x7fELF", "a CUBIN for {arch}");
     }
 }
@@ -297,7 +296,7 @@ fn the_sleep_kernel_compiles() {
 /// call), three laps without synchronisation between calls, every output exact. Arrival
 /// counters and epochs are shared by calls of different grids (ARCHITECTURE.md, round 5).
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn back_to_back_plans_of_several_grid_widths_on_one_communicator() {
     use Coll::*;
     use ReduceOp::*;

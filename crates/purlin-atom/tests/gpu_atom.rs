@@ -7,19 +7,19 @@
 //! for bit, NaN payloads included.
 //!
 //! `#[ignore]`d: run on the GPU machine with
-//! `atom_gpu-test --ignored --test-threads=1 --nocapture` (the GPU round does this).
+//! `gpu_atom-test --ignored --test-threads=1 --nocapture` (the GPU round does this).
 //! Each test prints one `ATOM-GPU` line per part it checked.
 
-mod common;
+mod random_data;
 
 use std::sync::Arc;
 
-use common::{Rng, first_mismatch, random_elements};
 use cudarc::driver::CudaContext;
 use purlin_atom::device::{DeviceBuffer, driver_present};
 use purlin_atom::host;
 use purlin_atom::sources::standalone_units;
 use purlin_atom::{AtomParams, AtomSpec, DType, DeviceAtom, Generation, KernelCache, ReduceOp};
+use random_data::{Rng, first_mismatch, random_elements};
 
 struct Gpus {
     ctxs: Vec<Arc<CudaContext>>,
@@ -117,7 +117,7 @@ fn probe_inputs(decoded: &[u32], rng: &mut Rng) -> Vec<u32> {
 }
 
 #[test]
-#[ignore = "needs a GPU (run in a GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_conversions_of_every_code_match_the_host_atom() {
     let g = gpus();
     let ctx = &g.ctxs[0];
@@ -166,7 +166,7 @@ fn gpu_conversions_of_every_code_match_the_host_atom() {
             stream.synchronize().expect("sync");
             let enc = enc_d.download(0, probes.len() * size).expect("download");
             for (i, &p) in probes.iter().enumerate() {
-                let got = common::code_at(dtype, &enc, i);
+                let got = random_data::code_at(dtype, &enc, i);
                 let want = host::encode_bits(dtype, p);
                 let both_nan = !strict && host::is_nan_code(dtype, got) && host::is_nan_code(dtype, want);
                 failures.check(got == want || both_nan, || {
@@ -202,7 +202,7 @@ const GUARD: usize = 64;
 const POISON: u8 = 0xa5;
 
 #[test]
-#[ignore = "needs a GPU (run in a GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
     let g = gpus();
     let stream = g.ctxs[0].default_stream();
@@ -288,7 +288,7 @@ fn gpu_copy_matches_for_every_generation_size_alignment_and_placement() {
 }
 
 #[test]
-#[ignore = "needs a GPU (run in a GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_reduce_matches_the_host_atom_for_every_generation_dtype_op_size_and_placement() {
     let g = gpus();
     let stream = g.ctxs[0].default_stream();
@@ -447,7 +447,7 @@ fn two_source_codes(dtype: DType, rng: &mut Rng) -> (Vec<u32>, Vec<u32>) {
 /// the f32 path's check) against the host Atom, through the pipelined engine (one block) and
 /// the direct path (a block per few vectors), on every generation.
 #[test]
-#[ignore = "needs a GPU (run in a GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_two_source_sums_and_means_match_the_host_atom_on_every_code() {
     let g = gpus();
     let ctx = &g.ctxs[0];
@@ -513,7 +513,7 @@ fn gpu_two_source_sums_and_means_match_the_host_atom_on_every_code() {
 }
 
 #[test]
-#[ignore = "needs a GPU (run in a GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_safe_api_on_cudarc_buffers_local_and_peer() {
     let g = gpus();
     let s0 = g.ctxs[0].new_stream().expect("stream");
@@ -563,7 +563,7 @@ fn gpu_safe_api_on_cudarc_buffers_local_and_peer() {
 }
 
 #[test]
-#[ignore = "needs a GPU (run in a GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_bulk_copy_engine_variant_matches() {
     // The opt-in bulk-copy (TMA) engine of the Hopper Atom, apart from the main tests so a
     // fault here cannot hide their results. Sizes cross chunk boundaries (16 KiB chunks at
@@ -638,7 +638,7 @@ fn special_heavy_bf16(rng: &mut Rng, count: usize) -> Vec<u16> {
 }
 
 #[test]
-#[ignore = "needs a GPU (run in a GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_hardware_bf16_encode_matches_the_software_one_nan_payloads_included() {
     // The paired hardware bf16 encode (sm_80+, the default) fixes NaN lanes up to the
     // software code; both must agree bit for bit on every reduce, NaN payloads included, and

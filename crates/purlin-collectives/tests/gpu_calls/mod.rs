@@ -1,11 +1,11 @@
-//! Shared by the GPU sequence, fault and conformance tests: calls described as data (any
-//! collective, dtype, size), their buffers, fresh random inputs, poisoned outputs and an
-//! independent host reference.
+//! GPU calls described as data, shared by the GPU sequence, fault and conformance tests: any
+//! collective, dtype and size, issued on `Comm`s with raw pointers (so they can be captured into
+//! CUDA graphs), their buffers, the streams, the sleep kernel, graph capture and replay.
 //!
-//! Inputs are small nonzero integers (|x| <= 4, u8 in 1..=8), so every summation order is exact
-//! in every dtype and a Sum always changes every element; outputs are poisoned with NaN
-//! patterns (floats) or values no input can produce; comparisons are exact. World 2 only
-//! (products of two small integers stay exact in bf16).
+//! Inputs, poison and the reference are `purlin_testkit`'s: small nonzero integers (|x| <= 4,
+//! u8 in 1..=8), so every summation order is exact in every dtype and a Sum always changes every
+//! element; outputs are poisoned with `purlin_testkit::POISON`; comparisons are exact in value.
+//! World 2 only (products of two small integers stay exact in bf16).
 //!
 //! Buffers are `CudaSlice<u8>` on the rank's stream (the context keeps cudarc's default
 //! event tracking); calls take them as [`RawBuf`]s, views that carry a raw device pointer
@@ -20,6 +20,9 @@ use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, D
 use purlin_collectives::{Comm, CommConfig, Error, ReduceOp};
 use purlin_collectives::{NcclType, Status};
 use purlin_snac::CollectiveSpec;
+use purlin_testkit::{self as kit};
+#[allow(unused_imports)]
+pub use purlin_testkit::{Rng, fresh_seed};
 
 /// The world these tests run at.
 pub const WORLD: usize = 2;
@@ -57,44 +60,6 @@ pub fn streams() -> Vec<Arc<CudaStream>> {
     (0..WORLD).map(|rank| stream(rank_ordinal(rank))).collect()
 }
 
-/// A seed that differs from run to run (printed by the tests, so a failure reproduces).
-pub fn fresh_seed() -> u64 {
-    if let Ok(s) = std::env::var("PURLIN_TEST_SEED") {
-        return s.trim().parse().expect("PURLIN_TEST_SEED");
-    }
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    (t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)) | 1
-}
-
-/// xorshift64: tiny, deterministic from its seed.
-#[derive(Debug, Clone)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-        r.next();
-        r
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// A small nonzero integer: -4..=4 without 0 (signed), 1..=8 (unsigned).
-    pub fn small(&mut self, unsigned: bool) -> i64 {
-        let v = (self.next() % 8) as i64 + 1;
-        if unsigned {
-            v
-        } else if v > 4 {
-            v - 4
-        } else {
-            -v
-        }
-    }
-}
-
 /// Element types the tests drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dt {
@@ -123,33 +88,13 @@ impl Dt {
     pub fn unsigned(self) -> bool {
         self == Dt::U8
     }
-    /// The bytes of `v` (an exactly representable small integer).
-    pub fn encode(self, v: i64, out: &mut Vec<u8>) {
+    /// The kit's element type.
+    pub fn kit(self) -> kit::Dtype {
         match self {
-            Dt::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-            Dt::Bf16 => out.extend_from_slice(&half::bf16::from_f64(v as f64).to_le_bytes()),
-            Dt::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
-            Dt::U8 => out.push(v as u8),
-        }
-    }
-    /// The value of element `i` of `bytes`.
-    pub fn decode(self, bytes: &[u8], i: usize) -> f64 {
-        let s = self.size();
-        let b = &bytes[i * s..(i + 1) * s];
-        match self {
-            Dt::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            Dt::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-            Dt::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-            Dt::U8 => b[0] as f64,
-        }
-    }
-    /// One element no input or result can equal (NaN patterns for floats).
-    pub fn poison(self) -> Vec<u8> {
-        match self {
-            Dt::F32 => 0x7fa5_a5a5u32.to_le_bytes().to_vec(),
-            Dt::Bf16 => 0x7fa5u16.to_le_bytes().to_vec(),
-            Dt::I32 => 0x5a5a_5a5ai32.to_le_bytes().to_vec(),
-            Dt::U8 => vec![0xa5],
+            Dt::F32 => kit::Dtype::F32,
+            Dt::Bf16 => kit::Dtype::Bf16,
+            Dt::I32 => kit::Dtype::I32,
+            Dt::U8 => kit::Dtype::U8,
         }
     }
 }
@@ -194,12 +139,14 @@ pub fn call(coll: Coll, dt: Dt, op: ReduceOp, n: usize) -> Call {
     Call { coll, dt, op, n }
 }
 
-fn apply(op: ReduceOp, a: f64, b: f64) -> f64 {
+/// The kit's reduce op.
+pub fn kit_op(op: ReduceOp) -> kit::Op {
     match op {
-        ReduceOp::Sum | ReduceOp::Avg => a + b,
-        ReduceOp::Prod => a * b,
-        ReduceOp::Min => a.min(b),
-        ReduceOp::Max => a.max(b),
+        ReduceOp::Sum => kit::Op::Sum,
+        ReduceOp::Prod => kit::Op::Prod,
+        ReduceOp::Min => kit::Op::Min,
+        ReduceOp::Max => kit::Op::Max,
+        ReduceOp::Avg => kit::Op::Avg,
     }
 }
 
@@ -269,74 +216,57 @@ impl Call {
             .unwrap_or_else(|e| panic!("{self:?}: no plan on rank {}: {e}", comm.rank()))
     }
 
+    /// The call as the kit states it (inputs: small nonzero integers, signed but for u8).
+    pub fn case(&self) -> kit::Case {
+        let c = match self.coll {
+            Coll::AllReduce | Coll::AllReduceInPlace => kit::Collective::AllReduce,
+            Coll::AllGather => kit::Collective::AllGather,
+            Coll::ReduceScatter => kit::Collective::ReduceScatter,
+            Coll::AllToAll => kit::Collective::AllToAll,
+            Coll::AllGatherV => kit::Collective::AllGatherV,
+            Coll::ReduceScatterV => kit::Collective::ReduceScatterV,
+            Coll::AllToAllV => kit::Collective::AllToAllV,
+            Coll::SendRecv => kit::Collective::SendRecv,
+        };
+        let counts = match self.coll {
+            Coll::AllGatherV | Coll::ReduceScatterV => kit::Counts::PerRank(self.per_rank()),
+            Coll::AllToAllV => kit::Counts::PerPair(self.v_counts()),
+            _ => kit::Counts::Uniform(self.n),
+        };
+        let rule = kit::ValueRule::small(4, !self.dt.unsigned());
+        kit::Case::with_counts(c, self.dt.kit(), Some(kit_op(self.op)), WORLD, counts)
+            .with_values(kit::Values::Rule(rule))
+            .in_place(self.in_place())
+    }
+
     /// Fresh inputs of every rank.
     pub fn inputs(&self, rng: &mut Rng) -> Vec<Vec<i64>> {
-        (0..WORLD).map(|r| (0..self.lens(r).0).map(|_| rng.small(self.dt.unsigned())).collect()).collect()
+        self.values(rng.next())
     }
 
     /// Rank `r`'s inputs when every process draws them alike: from `(seed, call index,
     /// rank)`, so a process can compute its peers' inputs for the reference.
     pub fn inputs_seeded(&self, seed: u64, index: usize) -> Vec<Vec<i64>> {
-        (0..WORLD)
-            .map(|r| {
-                let mut rng = Rng::new(seed ^ ((index as u64) << 20) ^ ((r as u64) << 52));
-                (0..self.lens(r).0).map(|_| rng.small(self.dt.unsigned())).collect()
-            })
-            .collect()
+        self.values(seed ^ ((index as u64) << 20))
     }
 
-    /// The reduction over ranks of element `i` of every input.
-    fn reduce(&self, inputs: &[Vec<i64>], i: usize) -> f64 {
-        let mut acc = inputs[0][i] as f64;
-        for x in &inputs[1..] {
-            acc = apply(self.op, acc, x[i] as f64);
-        }
-        if self.op == ReduceOp::Avg {
-            acc /= WORLD as f64;
-            if self.dt == Dt::I32 {
-                acc = acc.trunc();
-            }
-        }
-        acc
+    fn values(&self, seed: u64) -> Vec<Vec<i64>> {
+        let case = self.case().seeded(seed);
+        (0..WORLD).map(|r| case.input_values(r).expect("rule inputs")).collect()
     }
 
-    /// The expected output of rank `r` (independent of any plan).
-    pub fn expected(&self, inputs: &[Vec<i64>], r: usize) -> Vec<f64> {
-        let (n, w) = (self.n, WORLD);
-        let f = |v: &i64| *v as f64;
-        match self.coll {
-            Coll::AllReduce | Coll::AllReduceInPlace => (0..n).map(|i| self.reduce(inputs, i)).collect(),
-            Coll::AllGather | Coll::AllGatherV => (0..w).flat_map(|p| inputs[p].iter().map(f)).collect(),
-            Coll::ReduceScatter => (0..n).map(|i| self.reduce(inputs, r * n + i)).collect(),
-            Coll::ReduceScatterV => {
-                let per_rank = self.per_rank();
-                let off: usize = per_rank[..r].iter().sum();
-                (0..per_rank[r]).map(|i| self.reduce(inputs, off + i)).collect()
-            }
-            Coll::AllToAll => (0..w).flat_map(|p| inputs[p][r * n..(r + 1) * n].iter().map(f)).collect(),
-            Coll::AllToAllV => {
-                let counts = self.v_counts();
-                (0..w)
-                    .flat_map(|s| {
-                        let off: usize = counts[s][..r].iter().sum();
-                        inputs[s][off..off + counts[s][r]].iter().map(f)
-                    })
-                    .collect()
-            }
-            Coll::SendRecv => inputs[1 - r].iter().map(f).collect(),
-        }
+    /// The expected output bytes of rank `r` (the kit's reference, independent of any plan).
+    pub fn expected(&self, inputs: &[Vec<i64>], r: usize) -> Vec<u8> {
+        let bytes: Vec<Vec<u8>> = inputs.iter().map(|x| self.encode(x)).collect();
+        kit::reference::expected(&self.case(), &bytes, r)
     }
 
     pub fn encode(&self, values: &[i64]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(values.len() * self.dt.size());
-        for &v in values {
-            self.dt.encode(v, &mut out);
-        }
-        out
+        values.iter().flat_map(|&v| self.dt.kit().bytes(v)).collect()
     }
 
     pub fn poisoned(&self, elems: usize) -> Vec<u8> {
-        self.dt.poison().repeat(elems)
+        kit::poisoned(self.dt.kit(), elems)
     }
 
     /// Issues the call on `comm` with raw pointers (`send`, `recv`: device addresses of
@@ -503,25 +433,11 @@ impl Bufs {
 }
 
 impl Call {
-    /// Compares rank `r`'s output bytes (exactly the output's length) with the reference.
+    /// Compares rank `r`'s output bytes (exactly the output's length) with the reference,
+    /// value by value.
     pub fn check_bytes(&self, inputs: &[Vec<i64>], r: usize, got: &[u8]) -> Result<(), String> {
         let want = self.expected(inputs, r);
-        let dt = self.dt;
-        if got.len() != want.len() * dt.size() {
-            return Err(format!("{} rank {r}: {} output bytes, want {}", self.name(), got.len(), want.len()));
-        }
-        let wrong: Vec<usize> = (0..want.len()).filter(|&i| dt.decode(got, i) != want[i]).collect();
-        if let Some(&i) = wrong.first() {
-            return Err(format!(
-                "{} rank {r}: {} of {} elements wrong, first at {i}: got {} want {}",
-                self.name(),
-                wrong.len(),
-                want.len(),
-                dt.decode(got, i),
-                want[i]
-            ));
-        }
-        Ok(())
+        kit::check(self.dt.kit(), kit::Compare::Value, got, &want).map_err(|e| format!("{} rank {r}: {e}", self.name()))
     }
 }
 

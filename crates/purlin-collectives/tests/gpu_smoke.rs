@@ -3,7 +3,7 @@
 use purlin_atom::KernelCache;
 
 #[test]
-#[ignore = "needs a CUDA GPU (two for the ping-pong); run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn device_smoke() {
     let report = purlin_collectives::internal::smoke::run(&KernelCache::default_location()).expect("smoke test");
     for d in &report.devices {
@@ -28,7 +28,7 @@ fn device_smoke() {
 }
 
 #[test]
-#[ignore = "needs two CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn sixteen_byte_packets_do_not_tear() {
     // 32 block pairs × 4096 packets per block per round × 7700 rounds ≈ 1.01e9 packets per
     // direction, both directions at once.
@@ -46,7 +46,7 @@ fn sixteen_byte_packets_do_not_tear() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn packet_payloads_round_trip_at_every_length_and_offset() {
     for packet_bytes in [8, 16] {
         let cases =

@@ -1,6 +1,6 @@
-//! The host-collectives test harness: cases, an independent reference (computed here from
-//! the inputs and the collectives' definitions, with its own fp8 codec and `half` for f16/bf16),
-//! and a runner that drives every rank's `CpuComm` from its own thread.
+//! The host runner: cases of the host collectives (communicator setups, shapes, in place,
+//! symmetric buffers), every rank's `CpuComm` driven from its own thread, every output byte
+//! checked against `purlin_testkit`'s reference (stress inputs, bitwise).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -11,6 +11,7 @@ use purlin_collectives::{CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuType};
 use purlin_collectives::{Error, ReduceOp};
 use purlin_snac::verify::Options;
 use purlin_snac::{Collective, CollectiveSpec, DataType, PacketFormat, ReductionMode, Regime, StagingSide};
+use purlin_testkit::{self as kit, Counts, Dtype, Op, POISON, Values, reference};
 
 pub const DTYPES: [DataType; 12] = DataType::ALL;
 pub const REDUCIBLE: [DataType; 7] =
@@ -201,199 +202,76 @@ impl Case {
     }
 }
 
-// ------------------------------------------------------------------ element codecs
+// ------------------------------------------------------------------ the reference
 
-fn e4m3_value(b: u8) -> f64 {
-    let s = if b & 0x80 != 0 { -1.0 } else { 1.0 };
-    let (e, m) = ((b >> 3) & 0xF, (b & 7) as f64);
-    if e == 0xF && b & 7 == 7 {
-        return f64::NAN;
-    }
-    if e == 0 { s * m / 8.0 * 2f64.powi(-6) } else { s * (1.0 + m / 8.0) * 2f64.powi(e as i32 - 7) }
-}
-
-fn e5m2_value(b: u8) -> f64 {
-    let s = if b & 0x80 != 0 { -1.0 } else { 1.0 };
-    let (e, m) = ((b >> 2) & 0x1F, (b & 3) as f64);
-    if e == 31 {
-        return if b & 3 == 0 { s * f64::INFINITY } else { f64::NAN };
-    }
-    if e == 0 { s * m / 4.0 * 2f64.powi(-14) } else { s * (1.0 + m / 4.0) * 2f64.powi(e as i32 - 15) }
-}
-
-/// Round to nearest, ties to the even code, by search over every finite code.
-fn fp8_encode(x: f64, value: fn(u8) -> f64) -> u8 {
-    let mut best: Option<(f64, u8)> = None;
-    for c in 0..=255u8 {
-        let v = value(c);
-        if !v.is_finite() || (v == 0.0 && c != 0) {
-            continue;
-        }
-        let d = (v - x).abs();
-        best = match best {
-            Some((bd, bc)) if bd < d || (bd == d && bc & 1 == 0) => Some((bd, bc)),
-            _ => Some((d, c)),
-        };
-    }
-    best.map(|(_, c)| c).unwrap_or(0)
-}
-
-/// An exactly representable small number (float types) encoded as `dtype`.
-fn enc_float(d: DataType, x: f64) -> Vec<u8> {
+/// The kit's element type for a library one.
+pub fn kit_dtype(d: DataType) -> Dtype {
     match d {
-        DataType::F32 => (x as f32).to_le_bytes().to_vec(),
-        DataType::F64 => x.to_le_bytes().to_vec(),
-        DataType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
-        DataType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
-        DataType::F8E4M3 => vec![fp8_encode(x, e4m3_value)],
-        DataType::F8E5M2 => vec![fp8_encode(x, e5m2_value)],
-        _ => unreachable!("not a float type"),
+        DataType::F32 => Dtype::F32,
+        DataType::F64 => Dtype::F64,
+        DataType::F16 => Dtype::F16,
+        DataType::Bf16 => Dtype::Bf16,
+        DataType::I8 => Dtype::I8,
+        DataType::U8 => Dtype::U8,
+        DataType::I32 => Dtype::I32,
+        DataType::U32 => Dtype::U32,
+        DataType::I64 => Dtype::I64,
+        DataType::U64 => Dtype::U64,
+        DataType::F8E4M3 => Dtype::F8E4M3,
+        DataType::F8E5M2 => Dtype::F8E5M2,
     }
 }
 
-fn dec_float(d: DataType, b: &[u8]) -> f64 {
-    match d {
-        DataType::F32 => f32::from_le_bytes(b.try_into().expect("4 bytes")) as f64,
-        DataType::F16 => half::f16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
-        DataType::Bf16 => half::bf16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
-        DataType::F8E4M3 => e4m3_value(b[0]),
-        DataType::F8E5M2 => e5m2_value(b[0]),
-        _ => unreachable!("not a reducible float type"),
+/// The kit's reduce op for a library one.
+pub fn kit_op(op: ReduceOp) -> Op {
+    match op {
+        ReduceOp::Sum => Op::Sum,
+        ReduceOp::Prod => Op::Prod,
+        ReduceOp::Min => Op::Min,
+        ReduceOp::Max => Op::Max,
+        ReduceOp::Avg => Op::Avg,
     }
 }
 
-fn is_int(d: DataType) -> bool {
-    matches!(d, DataType::I32 | DataType::U32)
+/// The kit's collective for a library one.
+pub fn kit_collective(c: Collective) -> purlin_testkit::Collective {
+    match c {
+        Collective::AllReduce => purlin_testkit::Collective::AllReduce,
+        Collective::AllGather => purlin_testkit::Collective::AllGather,
+        Collective::ReduceScatter => purlin_testkit::Collective::ReduceScatter,
+        Collective::AllToAll => purlin_testkit::Collective::AllToAll,
+        Collective::AllGatherV => purlin_testkit::Collective::AllGatherV,
+        Collective::ReduceScatterV => purlin_testkit::Collective::ReduceScatterV,
+        Collective::AllToAllV => purlin_testkit::Collective::AllToAllV,
+    }
 }
 
-/// Element `i` of rank `r`'s input.
-fn element(case: &Case, r: usize, i: usize) -> Vec<u8> {
-    let d = case.dtype;
-    let es = d.size() as usize;
-    let h = r * 7 + i * 3 + 1;
-    let Some(op) = case.op else {
-        return (0..es).map(|k| ((r * 37 + i * 11 + k * 101 + 5) % 251) as u8).collect();
-    };
-    if is_int(d) {
-        let v: i64 = match op {
-            ReduceOp::Prod => [1, 2, 3, -1, 0x1234_5678][h % 5],
-            _ => (h as i64).wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33,
+impl Case {
+    /// The case as the kit states it, with the kit's stress inputs (wrapping integer products,
+    /// means that round, copies of arbitrary bytes).
+    pub fn kit(&self) -> kit::Case {
+        let usz = |v: &[u64]| v.iter().map(|&x| x as usize).collect::<Vec<usize>>();
+        let counts = match &self.shape {
+            Shape::Uniform(n) => Counts::Uniform(*n as usize),
+            Shape::PerRank(v) => Counts::PerRank(usz(v)),
+            Shape::PerPair(m) => Counts::PerPair(m.iter().map(|r| usz(r)).collect()),
         };
-        return if d == DataType::I32 { (v as i32).to_le_bytes().to_vec() } else { (v as u32).to_le_bytes().to_vec() };
-    }
-    let x: f64 = match (op, d) {
-        (ReduceOp::Prod, _) => [1.0, 2.0, -1.0, 1.0][h % 4],
-        (ReduceOp::Sum | ReduceOp::Avg, DataType::F8E4M3) => (h % 4) as f64 - 1.0,
-        (ReduceOp::Sum | ReduceOp::Avg, DataType::F8E5M2) => (h % 3) as f64 - 1.0,
-        (ReduceOp::Sum | ReduceOp::Avg, _) => (h % 16) as f64 - 8.0,
-        (ReduceOp::Min | ReduceOp::Max, _) => ((r * 5 + i * 11) % 15) as f64 - 7.0,
-    };
-    enc_float(d, x)
-}
-
-fn input(case: &Case, r: usize) -> Vec<u8> {
-    (0..case.lens(r).0).flat_map(|i| element(case, r, i)).collect()
-}
-
-/// The reduction of one element's sources (in rank order), as `dtype` bytes.
-fn reduce_ref(d: DataType, op: ReduceOp, world: usize, srcs: &[&[u8]]) -> Vec<u8> {
-    if is_int(d) {
-        let vals: Vec<u32> = srcs.iter().map(|b| u32::from_le_bytes((*b).try_into().expect("4 bytes"))).collect();
-        let signed = d == DataType::I32;
-        let fold = |f: &dyn Fn(u32, u32) -> u32| vals[1..].iter().fold(vals[0], |a, &b| f(a, b));
-        let out: u32 = match op {
-            ReduceOp::Sum => fold(&|a, b| a.wrapping_add(b)),
-            ReduceOp::Avg => {
-                let s = fold(&|a, b| a.wrapping_add(b));
-                if signed { ((s as i32) / world as i32) as u32 } else { s / world as u32 }
-            }
-            ReduceOp::Prod => fold(&|a, b| a.wrapping_mul(b)),
-            ReduceOp::Min if signed => fold(&|a, b| (a as i32).min(b as i32) as u32),
-            ReduceOp::Max if signed => fold(&|a, b| (a as i32).max(b as i32) as u32),
-            ReduceOp::Min => fold(&|a, b| a.min(b)),
-            ReduceOp::Max => fold(&|a, b| a.max(b)),
-        };
-        return out.to_le_bytes().to_vec();
-    }
-    let vals: Vec<f64> = srcs.iter().map(|b| dec_float(d, b)).collect();
-    let v = match op {
-        ReduceOp::Sum | ReduceOp::Avg => vals.iter().sum::<f64>(),
-        ReduceOp::Prod => vals.iter().product::<f64>(),
-        ReduceOp::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
-        ReduceOp::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-    };
-    if op != ReduceOp::Avg {
-        return enc_float(d, v);
-    }
-    // Avg: the sum (exact: small integers), divided by the world in f32 and rounded once, as
-    // the executors' Mean (`avg_rounds_once_in_both_regimes` tells the roundings apart).
-    let q = v as f32 / world as f32;
-    match d {
-        DataType::F32 => q.to_le_bytes().to_vec(),
-        DataType::F16 => half::f16::from_f32(q).to_le_bytes().to_vec(),
-        DataType::Bf16 => half::bf16::from_f32(q).to_le_bytes().to_vec(),
-        DataType::F8E4M3 => vec![fp8_encode(q as f64, e4m3_value)],
-        DataType::F8E5M2 => vec![fp8_encode(q as f64, e5m2_value)],
-        _ => unreachable!(),
+        let op = self.op.map(kit_op);
+        kit::Case::with_counts(kit_collective(self.c), kit_dtype(self.dtype), op, self.world, counts)
+            .with_values(Values::Stress)
+            .in_place(self.in_place)
     }
 }
 
-/// Element range `[off, off + len)` of rank `p`'s input, reduced over ranks into bytes.
-fn reduce_range(case: &Case, inputs: &[Vec<u8>], off: usize, len: usize) -> Vec<u8> {
-    let es = case.dtype.size() as usize;
-    let op = case.op.expect("reduce op");
-    (0..len)
-        .flat_map(|i| {
-            let srcs: Vec<&[u8]> = inputs.iter().map(|x| &x[(off + i) * es..(off + i + 1) * es]).collect();
-            reduce_ref(case.dtype, op, case.world, &srcs)
-        })
-        .collect()
-}
-
-/// What every rank's output must be, from the collectives' definitions.
+/// What every rank's output (in place: its whole buffer) must be, from the kit's reference.
 pub fn expected(case: &Case, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let w = case.world;
-    let es = case.dtype.size() as usize;
-    let slice = |p: usize, off: usize, len: usize| inputs[p][off * es..(off + len) * es].to_vec();
-    (0..w)
-        .map(|r| match case.c {
-            Collective::AllReduce => reduce_range(case, inputs, 0, case.uni() as usize),
-            Collective::ReduceScatter => {
-                let n = case.uni() as usize;
-                let out = reduce_range(case, inputs, r * n, n);
-                if case.in_place {
-                    let mut b = inputs[r].clone();
-                    b[r * n * es..(r + 1) * n * es].copy_from_slice(&out);
-                    b
-                } else {
-                    out
-                }
-            }
-            Collective::ReduceScatterV => {
-                let c = case.per_rank();
-                let off: u64 = c[..r].iter().sum();
-                let out = reduce_range(case, inputs, off as usize, c[r] as usize);
-                if case.in_place {
-                    let mut b = inputs[r].clone();
-                    b[off as usize * es..(off + c[r]) as usize * es].copy_from_slice(&out);
-                    b
-                } else {
-                    out
-                }
-            }
-            Collective::AllGather | Collective::AllGatherV => inputs.concat(),
-            Collective::AllToAll => {
-                let n = case.uni() as usize;
-                (0..w).flat_map(|p| slice(p, r * n, n)).collect()
-            }
-            Collective::AllToAllV => {
-                let m = case.per_pair();
-                (0..w)
-                    .flat_map(|p| {
-                        let off: u64 = m[p][..r].iter().sum();
-                        slice(p, off as usize, m[p][r] as usize)
-                    })
-                    .collect()
+    let kit = case.kit();
+    (0..case.world)
+        .map(|r| {
+            if case.in_place {
+                reference::expected_in_place(&kit, inputs, r)
+            } else {
+                reference::expected(&kit, inputs, r)
             }
         })
         .collect()
@@ -417,8 +295,6 @@ fn to_bytes<T: CpuType>(v: &[T]) -> Vec<u8> {
     // SAFETY: CpuTypes are plain data without padding: `size_of_val(v)` initialized bytes.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)).to_vec() }
 }
-
-const SENTINEL: u8 = 0xA5;
 
 fn usz(v: &[u64]) -> Vec<usize> {
     v.iter().map(|&x| x as usize).collect()
@@ -592,7 +468,7 @@ fn dispatch(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Res
 /// Runs `case` on every rank of `comms` concurrently and checks every output byte.
 pub fn run_case_on(comms: &[CpuComm], case: &Case) -> Result<(), String> {
     assert_eq!(comms.len(), case.world);
-    let inputs: Vec<Vec<u8>> = (0..case.world).map(|r| input(case, r)).collect();
+    let inputs = case.kit().inputs();
     let want = expected(case, &inputs);
     let es = case.dtype.size() as usize;
     let results: Vec<Result<Vec<u8>, Error>> = std::thread::scope(|s| {
@@ -601,27 +477,17 @@ pub fn run_case_on(comms: &[CpuComm], case: &Case) -> Result<(), String> {
             .zip(&inputs)
             .map(|(comm, x)| {
                 s.spawn(move || {
-                    let mut out = vec![SENTINEL; case.lens(comm.rank()).1 * es];
+                    let mut out = vec![POISON; case.lens(comm.rank()).1 * es];
                     dispatch(comm, case, x, &mut out).map(|()| out)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
     });
+    let dtype = kit_dtype(case.dtype);
     for (r, (got, want)) in results.into_iter().zip(want).enumerate() {
         let got = got.map_err(|e| format!("rank {r}: {e}"))?;
-        if got != want {
-            let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-            let e = first / es.max(1);
-            let show = |v: &[u8]| v.get(e * es..(e + 1) * es).map(|b| format!("{b:02x?}")).unwrap_or("-".into());
-            return Err(format!(
-                "rank {r}: {} bytes, expected {}; first difference at element {e}: got {} expected {}",
-                got.len(),
-                want.len(),
-                show(&got),
-                show(&want)
-            ));
-        }
+        kit::check(dtype, kit::Compare::Bitwise, &got, &want).map_err(|e| format!("rank {r}: {e}"))?;
     }
     Ok(())
 }

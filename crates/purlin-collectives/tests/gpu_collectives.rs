@@ -12,10 +12,11 @@ use purlin_collectives::internal::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp, SymmetricBuffer};
 use purlin_snac::{Regime, StagingSide};
 
-mod gpu_support;
-use gpu_support::{Coll, Rng};
+mod gpu_calls;
+use gpu_calls::{Coll, Rng};
+use purlin_testkit as kit;
 
-/// Element types the test drives, with exact conversions for small integers.
+/// Element types the test drives, moved to and from the kit's bytes as they are.
 trait Elem:
     purlin_collectives::NcclType
     + DeviceRepr
@@ -28,87 +29,62 @@ trait Elem:
     + Unpin
     + 'static
 {
-    const NAME: &'static str;
+    const DTYPE: kit::Dtype;
     const REDUCES: bool;
-    fn from_i64(v: i64) -> Self;
-    fn to_f64(self) -> f64;
-    fn poison() -> Self;
-    /// The exact result `x` as the type holds it: the Atom rounds once, to nearest even
-    /// (fp8 cannot hold every product or mean of the small inputs; the other types can).
-    fn round(x: f64) -> f64 {
-        x
+    fn from_le(b: &[u8]) -> Self;
+    fn to_le(self) -> Vec<u8>;
+    /// The poisoned element (`purlin_testkit::POISON` bytes).
+    fn poison() -> Self {
+        Self::from_le(&kit::poisoned(Self::DTYPE, 1))
     }
 }
 
 macro_rules! elem {
-    ($t:ty, $name:expr, $reduces:expr, $from:expr, $to:expr, $poison:expr) => {
+    ($t:ty, $dtype:expr, $reduces:expr, $from:expr, $to:expr) => {
         impl Elem for $t {
-            const NAME: &'static str = $name;
+            const DTYPE: kit::Dtype = $dtype;
             const REDUCES: bool = $reduces;
-            fn from_i64(v: i64) -> Self {
-                ($from)(v)
+            fn from_le(b: &[u8]) -> Self {
+                ($from)(b)
             }
-            fn to_f64(self) -> f64 {
+            fn to_le(self) -> Vec<u8> {
                 ($to)(self)
-            }
-            fn poison() -> Self {
-                $poison
             }
         }
     };
 }
-elem!(f32, "f32", true, |v: i64| v as f32, |x: f32| x as f64, f32::from_bits(0x7fa5_a5a5));
-elem!(i32, "i32", true, |v: i64| v as i32, |x: i32| x as f64, 0x5a5a_5a5a);
+elem!(f32, kit::Dtype::F32, true, |b: &[u8]| f32::from_le_bytes(b.try_into().expect("4 bytes")), |x: f32| x
+    .to_le_bytes()
+    .to_vec());
+elem!(i32, kit::Dtype::I32, true, |b: &[u8]| i32::from_le_bytes(b.try_into().expect("4 bytes")), |x: i32| x
+    .to_le_bytes()
+    .to_vec());
 elem!(
     half::bf16,
-    "bf16",
+    kit::Dtype::Bf16,
     true,
-    |v: i64| half::bf16::from_f64(v as f64),
-    |x: half::bf16| x.to_f64(),
-    half::bf16::from_bits(0x7fa5)
+    |b: &[u8]| half::bf16::from_le_bytes(b.try_into().expect("2 bytes")),
+    |x: half::bf16| x.to_le_bytes().to_vec()
 );
 elem!(
     half::f16,
-    "f16",
+    kit::Dtype::F16,
     true,
-    |v: i64| half::f16::from_f64(v as f64),
-    |x: half::f16| x.to_f64(),
-    half::f16::from_bits(0x7da5)
+    |b: &[u8]| half::f16::from_le_bytes(b.try_into().expect("2 bytes")),
+    |x: half::f16| x.to_le_bytes().to_vec()
 );
-elem!(u8, "u8", false, |v: i64| v as u8, |x: u8| x as f64, 0xa5);
-
-// fp8: small integers up to 16 (e4m3) or 8 (e5m2) are exact; the poison is the largest
-// finite code, which no case produces. The reference rounds through the host Atom's
-// conversions, which are bit-identical to the device's.
-macro_rules! fp8_elem {
-    ($t:ty, $name:expr, $poison:expr) => {
-        impl Elem for $t {
-            const NAME: &'static str = $name;
-            const REDUCES: bool = true;
-            fn from_i64(v: i64) -> Self {
-                <$t>::from_f32(v as f32)
-            }
-            fn to_f64(self) -> f64 {
-                self.to_f32() as f64
-            }
-            fn poison() -> Self {
-                $poison
-            }
-            fn round(x: f64) -> f64 {
-                <$t>::from_f32(x as f32).to_f32() as f64
-            }
-        }
-    };
-}
-fp8_elem!(F8E4M3, "e4m3", F8E4M3(0x7e));
-fp8_elem!(F8E5M2, "e5m2", F8E5M2(0x7b));
+elem!(u8, kit::Dtype::U8, false, |b: &[u8]| b[0], |x: u8| vec![x]);
+// fp8: small integers up to 16 (e4m3) or 8 (e5m2) are exact; a product or mean the type cannot
+// hold is rounded by the kit's own fp8 codec (nearest, ties to even).
+elem!(F8E4M3, kit::Dtype::F8E4M3, true, |b: &[u8]| F8E4M3(b[0]), |x: F8E4M3| vec![x.0]);
+elem!(F8E5M2, kit::Dtype::F8E5M2, true, |b: &[u8]| F8E5M2(b[0]), |x: F8E5M2| vec![x.0]);
 
 struct Gpus {
     streams: Vec<Arc<CudaStream>>,
 }
 
 fn gpus() -> Option<Gpus> {
-    let shared = gpu_support::shared_gpu();
+    let shared = gpu_calls::shared_gpu();
     let found = if purlin_topo::driver_present() { purlin_topo::device_count() } else { 0 };
     if found < if shared { 1 } else { 2 } {
         return None;
@@ -135,29 +111,6 @@ fn config(regime: Option<Regime>, side: StagingSide) -> CommConfig {
     c
 }
 
-fn apply(op: ReduceOp, a: f64, b: f64) -> f64 {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => a + b,
-        ReduceOp::Prod => a * b,
-        ReduceOp::Min => a.min(b),
-        ReduceOp::Max => a.max(b),
-    }
-}
-
-fn reduce_ref<T: Elem>(op: ReduceOp, inputs: &[Vec<T>], i: usize, world: usize) -> f64 {
-    let mut acc = inputs[0][i].to_f64();
-    for x in &inputs[1..] {
-        acc = apply(op, acc, x[i].to_f64());
-    }
-    if op == ReduceOp::Avg {
-        acc /= world as f64;
-        if T::NAME == "i32" {
-            acc = acc.trunc();
-        }
-    }
-    T::round(acc)
-}
-
 /// Per-pair counts for the V forms: skewed, with zeros (one-way traffic between 0 and 1).
 fn v_counts(world: usize, n: usize) -> Vec<Vec<usize>> {
     (0..world)
@@ -165,58 +118,46 @@ fn v_counts(world: usize, n: usize) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// Every rank's input and output length (elements) of a case.
-fn lengths(coll: Coll, world: usize, n: usize) -> (Vec<usize>, Vec<usize>) {
+/// The case as the kit states it: `n` elements (per rank, partition or pair; the V forms'
+/// counts from [`v_counts`]), inputs small nonzero integers drawn from `seed` (beyond two
+/// ranks, ±1 and ±2 only: a product of 8 of them is a power of two up to 256, exact in bf16,
+/// and sums stay small; u8, which only moves, 1..=8).
+fn kit_case(coll: Coll, dtype: kit::Dtype, op: ReduceOp, world: usize, n: usize, seed: u64) -> kit::Case {
     let counts = v_counts(world, n);
-    let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect(); // AllGatherV / ReduceScatterV counts
-    (0..world)
-        .map(|r| match coll {
-            Coll::AllReduce | Coll::AllReduceInPlace => (n, n),
-            Coll::AllGather => (n, n * world),
-            Coll::ReduceScatter => (n * world, n),
-            Coll::AllToAll => (n * world, n * world),
-            Coll::AllGatherV => (per_rank[r], per_rank.iter().sum()),
-            Coll::ReduceScatterV => (per_rank.iter().sum(), per_rank[r]),
-            Coll::AllToAllV => (counts[r].iter().sum(), (0..world).map(|s| counts[s][r]).sum()),
-            Coll::SendRecv => (n, n),
-        })
-        .unzip()
-}
-
-/// Fresh inputs of a case: small integers (beyond two ranks, ±1 and ±2 only: a product of 8
-/// of them is a power of two up to 256, exact in bf16, and sums stay small).
-fn case_inputs<T: Elem>(in_len: &[usize], rng: &mut Rng) -> Vec<Vec<T>> {
-    let (world, unsigned) = (in_len.len(), T::NAME == "u8");
-    let value = |rng: &mut Rng| {
-        let v = rng.small(unsigned);
-        if world > 2 && !unsigned { v.signum() * (1 + (v.abs() - 1) % 2) } else { v }
+    let c = match coll {
+        Coll::AllReduce | Coll::AllReduceInPlace => kit::Collective::AllReduce,
+        Coll::AllGather => kit::Collective::AllGather,
+        Coll::ReduceScatter => kit::Collective::ReduceScatter,
+        Coll::AllToAll => kit::Collective::AllToAll,
+        Coll::AllGatherV => kit::Collective::AllGatherV,
+        Coll::ReduceScatterV => kit::Collective::ReduceScatterV,
+        Coll::AllToAllV => kit::Collective::AllToAllV,
+        Coll::SendRecv => kit::Collective::SendRecv,
     };
-    in_len.iter().map(|&len| (0..len).map(|_| T::from_i64(value(rng))).collect()).collect()
+    let shape = match coll {
+        Coll::AllGatherV | Coll::ReduceScatterV => kit::Counts::PerRank((0..world).map(|r| counts[r][r]).collect()),
+        Coll::AllToAllV => kit::Counts::PerPair(counts),
+        _ => kit::Counts::Uniform(n),
+    };
+    let signed = dtype != kit::Dtype::U8;
+    let rule = kit::ValueRule::small(if world > 2 && signed { 2 } else { 4 }, signed);
+    kit::Case::with_counts(c, dtype, Some(gpu_calls::kit_op(op)), world, shape)
+        .with_values(kit::Values::Rule(rule))
+        .seeded(seed)
+        .in_place(coll == Coll::AllReduceInPlace)
 }
 
-/// What rank `r`'s output must hold, computed here from the inputs.
-fn expected<T: Elem>(coll: Coll, op: ReduceOp, inputs: &[Vec<T>], n: usize, r: usize) -> Vec<f64> {
-    let world = inputs.len();
-    let counts = v_counts(world, n);
-    let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect();
-    match coll {
-        Coll::AllReduce | Coll::AllReduceInPlace => (0..n).map(|i| reduce_ref(op, inputs, i, world)).collect(),
-        Coll::AllGather | Coll::AllGatherV => (0..world).flat_map(|p| inputs[p].iter().map(|x| x.to_f64())).collect(),
-        Coll::ReduceScatter => (0..n).map(|i| reduce_ref(op, inputs, r * n + i, world)).collect(),
-        Coll::AllToAll => (0..world).flat_map(|p| inputs[p][r * n..(r + 1) * n].iter().map(|x| x.to_f64())).collect(),
-        Coll::ReduceScatterV => {
-            let off: usize = per_rank[..r].iter().sum();
-            (0..per_rank[r]).map(|i| reduce_ref(op, inputs, off + i, world)).collect()
-        }
-        Coll::AllToAllV => (0..world)
-            .flat_map(|s| {
-                let off: usize = counts[s][..r].iter().sum();
-                inputs[s][off..off + counts[s][r]].iter().map(|x| x.to_f64())
-            })
-            .collect(),
-        // World 2: what the other rank sent.
-        Coll::SendRecv => inputs[1 - r].iter().map(|x| x.to_f64()).collect(),
-    }
+/// Every rank's input lengths and output lengths (elements) of a case.
+fn lengths(case: &kit::Case) -> (Vec<usize>, Vec<usize>) {
+    (0..case.world).map(|r| (case.in_count(r), case.out_count(r))).unzip()
+}
+
+/// The case's inputs, as the kit's bytes and as elements.
+fn case_inputs<T: Elem>(case: &kit::Case) -> (Vec<Vec<u8>>, Vec<Vec<T>>) {
+    let bytes = case.inputs();
+    let es = T::DTYPE.size();
+    let typed = bytes.iter().map(|b| b.chunks_exact(es).map(T::from_le).collect()).collect();
+    (bytes, typed)
 }
 
 /// Runs one case on every rank; returns the number of wrong elements.
@@ -224,8 +165,9 @@ fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &m
     let world = comms.len();
     let counts = v_counts(world, n);
     let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect(); // AllGatherV / ReduceScatterV counts
-    let (in_len, out_len) = lengths(coll, world, n);
-    let inputs: Vec<Vec<T>> = case_inputs(&in_len, rng);
+    let case = kit_case(coll, T::DTYPE, op, world, n, rng.next());
+    let (_, out_len) = lengths(&case);
+    let (bytes, inputs) = case_inputs::<T>(&case);
     let mut sends: Vec<CudaSlice<T>> = Vec::new();
     let mut recvs: Vec<CudaSlice<T>> = Vec::new();
     for (r, c) in comms.iter().enumerate() {
@@ -248,7 +190,7 @@ fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &m
                 c.send_recv(&sends[r], peer, &mut recvs[r], peer)
             }
         };
-        res.unwrap_or_else(|e| panic!("{coll:?} {} n={n} rank {r}: {e}", T::NAME));
+        res.unwrap_or_else(|e| panic!("{coll:?} {:?} n={n} rank {r}: {e}", T::DTYPE));
     }
     let mut wrong = 0;
     for (r, c) in comms.iter().enumerate() {
@@ -256,21 +198,22 @@ fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &m
             .stream()
             .clone_dtoh(if coll == Coll::AllReduceInPlace { &sends[r] } else { &recvs[r] })
             .expect("download");
-        let expect = expected(coll, op, &inputs, n, r);
-        wrong += count_wrong(&got, &expect, &format!("{coll:?} {} {op:?} n={n} rank {r}", T::NAME));
+        let expect = kit::reference::expected(&case, &bytes, r);
+        wrong += count_wrong(&got, &expect, &format!("{coll:?} {:?} {op:?} n={n} rank {r}", T::DTYPE));
     }
     wrong
 }
 
-/// The elements of `got` that differ from `expect`, the first of them printed after `what`.
-fn count_wrong<T: Elem>(got: &[T], expect: &[f64], what: &str) -> usize {
-    assert_eq!(got.len(), expect.len());
-    let bad = got.iter().zip(expect).filter(|(g, e)| g.to_f64() != **e).count();
-    if bad > 0 {
-        let first = got.iter().zip(expect).position(|(g, e)| g.to_f64() != *e).unwrap_or(0);
-        println!("EXEC WRONG {what}: {bad} wrong, first at {first}: got {:?} want {}", got[first], expect[first]);
+/// The elements of `got` that differ in value from `expect` (the kit's bytes), the first of
+/// them printed after `what`.
+fn count_wrong<T: Elem>(got: &[T], expect: &[u8], what: &str) -> usize {
+    let got: Vec<u8> = got.iter().flat_map(|x| x.to_le()).collect();
+    assert_eq!(got.len(), expect.len(), "{what}");
+    let w = kit::count_wrong(T::DTYPE, kit::Compare::Value, &got, expect);
+    if let Some((first, g, e)) = w.first {
+        println!("EXEC WRONG {what}: {} wrong, first at {first}: got {g} want {e}", w.count);
     }
-    bad
+    w.count as usize
 }
 
 fn sweep<T: Elem>(comms: &[Comm], sizes: &[usize], rng: &mut Rng, cases: &mut usize, wrong: &mut usize) {
@@ -294,7 +237,7 @@ fn sweep<T: Elem>(comms: &[Comm], sizes: &[usize], rng: &mut Rng, cases: &mut us
 }
 
 #[test]
-#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn every_collective_matches_the_reference_on_gpus() {
     let Some(g) = gpus() else { panic!("needs 2 GPUs") };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -357,7 +300,7 @@ fn every_collective_matches_the_reference_on_gpus() {
 }
 
 #[test]
-#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn large_calls_back_to_back_match_the_reference() {
     let Some(g) = gpus() else { panic!("needs 2 GPUs") };
     let comms = Comm::from_devices_with_config(g.streams.clone(), config(None, StagingSide::Peer)).expect("set-up");
@@ -381,9 +324,9 @@ fn large_calls_back_to_back_match_the_reference() {
 /// whole buffers (a ReduceScatter must leave the other partitions as they were).
 fn run_in_place<T: Elem>(comms: &[Comm], gather: bool, op: ReduceOp, n: usize, rng: &mut Rng) -> usize {
     let world = comms.len();
-    let inputs: Vec<Vec<T>> = (0..world)
-        .map(|_| (0..if gather { n } else { n * world }).map(|_| T::from_i64(rng.small(T::NAME == "u8"))).collect())
-        .collect();
+    let coll = if gather { Coll::AllGather } else { Coll::ReduceScatter };
+    let case = kit_case(coll, T::DTYPE, op, world, n, rng.next()).in_place(true);
+    let (bytes, inputs) = case_inputs::<T>(&case);
     let mut bufs: Vec<CudaSlice<T>> = Vec::new();
     for (r, c) in comms.iter().enumerate() {
         let host: Vec<T> = if gather {
@@ -397,19 +340,13 @@ fn run_in_place<T: Elem>(comms: &[Comm], gather: bool, op: ReduceOp, n: usize, r
     for (r, c) in comms.iter().enumerate() {
         let res =
             if gather { c.all_gather_in_place(&mut bufs[r]) } else { c.reduce_scatter_in_place(&mut bufs[r], &op) };
-        res.unwrap_or_else(|e| panic!("in place gather={gather} {} n={n} rank {r}: {e}", T::NAME));
+        res.unwrap_or_else(|e| panic!("in place gather={gather} {:?} n={n} rank {r}: {e}", T::DTYPE));
     }
     let mut wrong = 0;
     for (r, c) in comms.iter().enumerate() {
         let got: Vec<T> = c.stream().clone_dtoh(&bufs[r]).expect("download");
-        let expect: Vec<f64> = if gather {
-            (0..world).flat_map(|p| inputs[p].iter().map(|x| x.to_f64())).collect()
-        } else {
-            (0..world * n)
-                .map(|i| if i / n == r { reduce_ref(op, &inputs, i, world) } else { inputs[r][i].to_f64() })
-                .collect()
-        };
-        wrong += count_wrong(&got, &expect, &format!("in place gather={gather} {} {op:?} n={n} rank {r}", T::NAME));
+        let expect = kit::reference::expected_in_place(&case, &bytes, r);
+        wrong += count_wrong(&got, &expect, &format!("in place gather={gather} {:?} {op:?} n={n} rank {r}", T::DTYPE));
     }
     wrong
 }
@@ -418,7 +355,7 @@ fn run_in_place<T: Elem>(comms: &[Comm], gather: bool, op: ReduceOp, n: usize, r
 /// the default tuning and under a 5-block cap, against the reference; a buffer that does
 /// not split into `world` partitions is a typed error.
 #[test]
-#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn in_place_gathers_and_scatters_match_the_reference() {
     let Some(g) = gpus() else { panic!("needs 2 GPUs") };
     let mut rng = Rng(0x5eed_1a9e);
@@ -466,8 +403,9 @@ fn run_symmetric(
     let world = comms.len();
     let counts = v_counts(world, n);
     let per_rank: Vec<usize> = (0..world).map(|r| counts[r][r]).collect();
-    let (in_len, out_len) = lengths(coll, world, n);
-    let inputs: Vec<Vec<f32>> = case_inputs(&in_len, rng);
+    let case = kit_case(coll, kit::Dtype::F32, ReduceOp::Sum, world, n, rng.next()).in_place(in_place);
+    let (in_len, out_len) = lengths(&case);
+    let (bytes, inputs) = case_inputs::<f32>(&case);
     let (w, u64s) = (world as u32, |v: &[usize]| v.iter().map(|&x| x as u64).collect::<Vec<_>>());
     let spec = match coll {
         Coll::AllGather => CollectiveSpec::all_gather(w, DataType::F32, n as u64),
@@ -542,12 +480,11 @@ fn run_symmetric(
         let mut got = vec![0f32; buf_len(r)];
         c.stream().memcpy_dtoh(&outs[r], &mut got).expect("download");
         c.stream().synchronize().expect("sync");
-        let expect: Vec<f64> = if in_place && coll == Coll::ReduceScatter {
-            // The rank's partition reduced, the rest of its input untouched.
-            let mine = expected(coll, ReduceOp::Sum, &inputs, n, r);
-            (0..world * n).map(|i| if i / n == r { mine[i % n] } else { inputs[r][i].to_f64() }).collect()
+        // In place, a ReduceScatter's partition reduced and the rest of its input untouched.
+        let expect = if in_place && coll == Coll::ReduceScatter {
+            kit::reference::expected_in_place(&case, &bytes, r)
         } else {
-            expected(coll, ReduceOp::Sum, &inputs, n, r)
+            kit::reference::expected(&case, &bytes, r)
         };
         wrong += count_wrong(&got, &expect, &format!("symmetric {coll:?} in place {in_place} n={n} rank {r}"));
     }
@@ -562,7 +499,7 @@ fn run_symmetric(
 /// that a rank cannot do (another handle still shows its buffer; the ranks name different
 /// allocations) is refused on every rank, frees nothing, and leaves the other handles working.
 #[test]
-#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn symmetric_buffers_free_together_and_give_the_memory_back() {
     let Some(g) = gpus() else { panic!("needs 2 GPUs") };
     let mut rng = Rng(0xf7ee);
@@ -630,7 +567,7 @@ fn symmetric_buffers_free_together_and_give_the_memory_back() {
 /// the default tuning and a 5-block cap; below that size the same buffers work as plain
 /// memory; a buffer the peers' cannot match is a typed error.
 #[test]
-#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn symmetric_buffers_take_one_copy_and_match_the_reference() {
     let Some(g) = gpus() else { panic!("needs 2 GPUs") };
     let mut rng = Rng(0x5eed_0c0e);
@@ -687,7 +624,7 @@ fn symmetric_buffers_take_one_copy_and_match_the_reference() {
 /// the root's input, the root gets the sum (small integers: exact), a peer's receive buffer
 /// of a Reduce is not written and its in-place buffer stays as it was.
 #[test]
-#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn broadcast_and_reduce_from_every_root() {
     let Some(g) = gpus() else { panic!("needs 2 GPUs") };
     let comms = Comm::from_devices_with_config(g.streams.clone(), config(None, StagingSide::Peer)).expect("set-up");
@@ -755,7 +692,7 @@ fn broadcast_and_reduce_from_every_root() {
 /// and `send_recv` moves different lengths each way; every rank is checked
 /// against the values its peer sent. Wider worlds (`PURLIN_TEST_WORLD`) answer Unsupported.
 #[test]
-#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn send_recv_and_groups_exchange_at_world_2() {
     let Some(g) = gpus() else { panic!("needs 2 GPUs") };
     let comms = Comm::from_devices_with_config(g.streams.clone(), config(None, StagingSide::Peer)).expect("set-up");
@@ -895,7 +832,7 @@ fn send_recv_and_groups_exchange_at_world_2() {
 /// another collective, one-copy buffers against plain ones) all get `Error::Mismatch` from
 /// the call check (a mismatch, not an expired wait), and nothing runs afterwards.
 #[test]
-#[ignore = "needs 2+ CUDA GPUs with peer access; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn ranks_that_make_different_calls_get_a_mismatch_on_every_rank() {
     use purlin_collectives::Error;
     let Some(g) = gpus() else { panic!("needs 2 GPUs") };

@@ -15,26 +15,25 @@
 //! Buffers have 4 KiB of slack on both sides (a shifted region may touch one byte past the
 //! plan's sizes), filled alike on the GPU and the host.
 //!
-//! Run on the GPU machine: `device_conformance-test --ignored --test-threads=1 --nocapture`.
+//! Run on the GPU machine: `gpu_conformance-test --ignored --test-threads=1 --nocapture`.
 
-mod gpu_support;
-mod region_shift;
+mod gpu_calls;
+mod plan_on_host;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cudarc::driver::CudaSlice;
-use gpu_support::{Call, Coll, Dt, Rng, WORLD, call, fresh_seed, streams};
+use gpu_calls::{Call, Coll, Dt, Rng, WORLD, call, fresh_seed, streams};
+use plan_on_host::{execute_on_host, shift_first};
 use purlin_collectives::internal::host_executor::{HostMemoryConfig, HostWorld, TraceEntry};
 use purlin_collectives::internal::tuning::Tuning;
 use purlin_collectives::{Comm, CommConfig, ReduceOp};
 use purlin_snac::{Plan, Regime, Space, StagingSide, Step};
-use region_shift::{execute_on_host, shift_first};
 
 /// Bytes of slack after every buffer.
 const SLACK: usize = 4096;
-/// The poison byte of outputs and slack.
-const POISON: u8 = 0xa5;
+use purlin_testkit::POISON;
 
 struct Case {
     what: &'static str,
@@ -230,7 +229,7 @@ fn host_memory(plans: &[Plan]) -> HostMemoryConfig {
 }
 
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu() {
     let streams = streams();
     let seed = fresh_seed();
@@ -247,7 +246,7 @@ fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu(
             timeout: Duration::from_secs(60),
             device_timeout: Duration::from_secs(10),
             tuning: case.tuning,
-            ..gpu_support::base_config()
+            ..gpu_calls::base_config()
         };
         let comms = Comm::from_devices_with_config(streams.clone(), cfg).expect("set-up");
         let plans: Vec<Plan> = comms.iter().map(|c| case.call.plan(c)).collect();
@@ -336,17 +335,27 @@ fn device_traces_equal_the_host_executors_and_a_shifted_region_fails_on_the_gpu(
 /// buffers: there it gets every rank's output as a call does and gathers the right bytes,
 /// with every block traced; on plain buffers it is refused before it is launched.
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn one_copy_plans_run_traced_on_symmetric_buffers_and_are_refused_on_plain_ones() {
     let streams = streams();
     // Forced to the throughput regime: at this size the default would send packets.
     let tuning = Tuning { regime: Some(Regime::Throughput), ..Tuning::default() };
-    let cfg = CommConfig { device_timeout: Duration::from_secs(10), tuning, ..gpu_support::base_config() };
+    let cfg = CommConfig { device_timeout: Duration::from_secs(10), tuning, ..gpu_calls::base_config() };
     let comms = Comm::from_devices_with_config(streams, cfg).expect("set-up");
     let per_rank = 3000usize; // 12 000 bytes of f32 per rank
     let inputs: Vec<Vec<f32>> =
         (0..WORLD).map(|r| (0..per_rank).map(|i| (i * 5 + r * 1001) as f32).collect()).collect();
-    let expected: Vec<f32> = inputs.iter().flatten().copied().collect();
+    // The test kit's reference, and its poison in every output.
+    let case = purlin_testkit::Case::with_counts(
+        purlin_testkit::Collective::AllGather,
+        purlin_testkit::Dtype::F32,
+        None,
+        WORLD,
+        purlin_testkit::Counts::Uniform(per_rank),
+    );
+    let in_bytes: Vec<Vec<u8>> = inputs.iter().map(|x| x.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    let expected = purlin_testkit::reference::expected(&case, &in_bytes, 0);
+    let poison = vec![f32::from_le_bytes([POISON; 4]); per_rank * WORLD];
     let spec = purlin_snac::CollectiveSpec::all_gather(WORLD as u32, purlin_snac::DataType::F32, per_rank as u64);
     let mut ins = Comm::alloc_symmetric_group::<f32>(&comms, per_rank).expect("symmetric inputs");
     let mut outs = Comm::alloc_symmetric_group::<f32>(&comms, per_rank * WORLD).expect("symmetric outputs");
@@ -354,7 +363,7 @@ fn one_copy_plans_run_traced_on_symmetric_buffers_and_are_refused_on_plain_ones(
     for (r, c) in comms.iter().enumerate() {
         c.context().bind_to_thread().expect("bind");
         c.stream().memcpy_htod(&inputs[r], &mut ins[r]).expect("upload");
-        c.stream().memset_zeros(&mut outs[r]).expect("zero");
+        c.stream().memcpy_htod(&poison, &mut outs[r]).expect("poison");
         let (i, _) = cudarc::driver::DevicePtr::device_ptr(&ins[r], &c.stream());
         let (o, _) = cudarc::driver::DevicePtr::device_ptr(&outs[r], &c.stream());
         let plan = c.plan_for_buffers(spec.clone(), false, i, o).expect("plan");
@@ -386,8 +395,9 @@ fn one_copy_plans_run_traced_on_symmetric_buffers_and_are_refused_on_plain_ones(
         assert!(traces[r].iter().all(|b| !b.steps.is_empty() && b.end_ns != 0), "rank {r}: every block ran to its end");
         c.context().bind_to_thread().expect("bind");
         let got = c.stream().clone_dtoh(&outs[r]).expect("download");
-        let wrong = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
-        assert_eq!(wrong, 0, "rank {r}: one-copy AllGather through the conformance launch");
+        let got: Vec<u8> = got.iter().flat_map(|v| v.to_le_bytes()).collect();
+        purlin_testkit::check(purlin_testkit::Dtype::F32, purlin_testkit::Compare::Value, &got, &expected)
+            .unwrap_or_else(|e| panic!("rank {r}: one-copy AllGather through the conformance launch: {e}"));
     }
     println!(
         "EXEC conformance: one-copy AllGather traced on symmetric buffers ({} blocks per rank), refused on plain ones",

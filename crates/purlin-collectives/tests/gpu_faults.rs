@@ -14,16 +14,16 @@
 //! status. Each process collects its observations and prints them before asserting, so one
 //! GPU round shows every property, passing or not.
 //!
-//! Run on the GPU machine: `device_faults-test --ignored --test-threads=1 --nocapture`.
+//! Run on the GPU machine: `gpu_faults-test --ignored --test-threads=1 --nocapture`.
 
-mod common;
-mod gpu_support;
+mod child_process;
+mod gpu_calls;
 
 use std::time::{Duration, Instant};
 
-use common::{Kid, ROLE, role, torchrun_env};
+use child_process::{Kid, ROLE, role, torchrun_env};
 use cudarc::driver::CudaGraph;
-use gpu_support::{
+use gpu_calls::{
     Bufs, Call, Coll, Dt, Rng, call, capture, fresh_seed, is_fault_error, names_peer, need_two_gpus,
     replay_with_fresh_inputs, stream,
 };
@@ -41,7 +41,7 @@ const CHILD_LIMIT: Duration = Duration::from_secs(150);
 const CLOSE_LIMIT: Duration = Duration::from_secs(10);
 
 fn fault_config() -> CommConfig {
-    CommConfig { timeout: HOST_TIMEOUT, device_timeout: DEVICE_TIMEOUT, ..gpu_support::base_config() }
+    CommConfig { timeout: HOST_TIMEOUT, device_timeout: DEVICE_TIMEOUT, ..gpu_calls::base_config() }
 }
 
 /// Mixed collectives, latency- and throughput-size.
@@ -113,7 +113,7 @@ fn check_later_call(checks: &mut Checks, c: &Comm, b: &Bufs, slot: usize) {
 
 fn eager_skip_rank(rank: usize, id: Id, seed: u64) {
     let mut checks = Checks::new(if rank == 0 { "eager/rank 0" } else { "eager/rank 1" });
-    let c = Comm::from_rank_with_config(stream(gpu_support::rank_ordinal(rank)), rank, 2, id, fault_config())
+    let c = Comm::from_rank_with_config(stream(gpu_calls::rank_ordinal(rank)), rank, 2, id, fault_config())
         .expect("from_rank");
     let calls = fault_calls();
     let mut bufs: Vec<Bufs> = calls.iter().map(|&k| Bufs::for_rank(&c, k)).collect();
@@ -161,7 +161,7 @@ fn eager_skip_rank(rank: usize, id: Id, seed: u64) {
         checks.check(c.async_error().is_ok(), "rank 1 (which only skipped) is not poisoned");
     }
     // Both ranks meet once rank 0 has looked (rank 1 waits here, host-bounded), then close.
-    let met = c.diag().host().barrier("device_faults: eager fault observed");
+    let met = c.diag().host().barrier("gpu_faults: eager fault observed");
     checks.check(met.is_ok(), format!("both ranks meet after the fault: {met:?}"));
     let t = Instant::now();
     let report = c.close();
@@ -174,7 +174,7 @@ fn eager_skip_rank(rank: usize, id: Id, seed: u64) {
 }
 
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn eager_a_skipped_call_gives_a_typed_error_then_poisoned() {
     const NAME: &str = "eager_a_skipped_call_gives_a_typed_error_then_poisoned";
     if let Some(role) = role() {
@@ -204,7 +204,7 @@ fn eager_a_skipped_call_gives_a_typed_error_then_poisoned() {
 /// Ranks plan every call on their own, so ranks whose tuning differs (here the block cap)
 /// must fail set-up, each naming the other, instead of running plans that do not meet.
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn ranks_that_tune_differently_fail_set_up_naming_each_other() {
     need_two_gpus();
     let id = Id::new().expect("id");
@@ -214,7 +214,7 @@ fn ranks_that_tune_differently_fail_set_up_naming_each_other() {
                 s.spawn(move || {
                     let mut config = fault_config();
                     config.tuning.max_blocks = Some(if rank == 0 { 16 } else { 24 });
-                    Comm::from_rank_with_config(stream(gpu_support::rank_ordinal(rank)), rank, 2, id, config)
+                    Comm::from_rank_with_config(stream(gpu_calls::rank_ordinal(rank)), rank, 2, id, config)
                 })
             })
             .collect();
@@ -236,10 +236,10 @@ fn ranks_that_tune_differently_fail_set_up_naming_each_other() {
 // ---------------------------------------------------------------- graph: a silent peer
 
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn graph_a_silent_peer_times_out_once_and_the_rest_exits_at_once() {
     let mut checks = Checks::new("graph");
-    let comms = Comm::from_devices_with_config(gpu_support::streams(), fault_config()).expect("set-up");
+    let comms = Comm::from_devices_with_config(gpu_calls::streams(), fault_config()).expect("set-up");
     use Coll::*;
     let calls = [
         call(AllReduce, Dt::F32, ReduceOp::Sum, 1000),
@@ -372,7 +372,7 @@ fn torchrun_loop_rank() {
 }
 
 #[test]
-#[ignore = "needs 2 NVLink GPUs (GPU round)"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn sigkill_mid_loop_under_torchrun_gives_rank0_a_typed_error_and_a_clean_exit() {
     const NAME: &str = "sigkill_mid_loop_under_torchrun_gives_rank0_a_typed_error_and_a_clean_exit";
     if let Some(role) = role() {

@@ -58,7 +58,7 @@ fn check_purlin(result: anyhow::Result<Vec<Vec<f32>>>, world: usize, n: usize, w
 }
 
 #[test]
-#[ignore = "needs 2 GPUs and libnccl; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn the_program_runs_on_both() {
     let n = 1 << 16;
     let world = purlin_collectives::device_count();

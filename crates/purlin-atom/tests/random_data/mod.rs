@@ -1,4 +1,5 @@
-//! Shared by the tests: a small deterministic RNG and data generators.
+//! Random data for the Atom tests: a deterministic generator (the test kit's SplitMix64) and
+//! elements of every type, specials included.
 #![allow(dead_code)]
 
 use purlin_atom::DType;
@@ -11,11 +12,9 @@ impl Rng {
         Self(seed ^ 0x9e37_79b9_7f4a_7c15)
     }
     pub fn next_u64(&mut self) -> u64 {
+        let z = purlin_testkit::splitmix64(self.0);
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        z
     }
     pub fn next_u32(&mut self) -> u32 {
         (self.next_u64() >> 32) as u32

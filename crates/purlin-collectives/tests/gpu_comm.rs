@@ -5,12 +5,12 @@
 //! the communicator's timeout, device waits by the ping-pong's timeout, children by
 //! `Kid::finish`.
 
-mod common;
+mod child_process;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Kid, ROLE, role, torchrun_env};
+use child_process::{Kid, ROLE, role, torchrun_env};
 use cudarc::driver::{CudaContext, CudaStream};
 use purlin_collectives::internal::KernelRequest;
 use purlin_collectives::internal::ipc::mem_info;
@@ -73,7 +73,7 @@ fn test_id() -> Id {
 // ---------------------------------------------------------------- one process, two GPUs
 
 #[test]
-#[ignore = "needs 2 GPUs; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_single_process_setup_pingpong_teardown() {
     need_two_gpus();
     let before = [free_bytes(0), free_bytes(1)];
@@ -106,7 +106,7 @@ fn gpu_single_process_setup_pingpong_teardown() {
 }
 
 #[test]
-#[ignore = "needs 2 GPUs; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_single_process_100_cycles_no_leak() {
     need_two_gpus();
     let streams = [stream(0), stream(1)];
@@ -134,7 +134,7 @@ fn gpu_single_process_100_cycles_no_leak() {
 }
 
 #[test]
-#[ignore = "needs 2 GPUs; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_from_rank_on_threads_of_one_process() {
     // cudarc allows from_rank on threads; CUDA IPC cannot open a handle in its own process,
     // so the backend falls back to peer access.
@@ -204,7 +204,7 @@ fn rank_main(rank: usize, id: Id) {
 }
 
 #[test]
-#[ignore = "needs 2 GPUs; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_two_processes_setup_pingpong_teardown() {
     if role().is_some() {
         return rank_main(1, test_id());
@@ -238,7 +238,7 @@ fn cycles_main(rank: usize, id: Id, cycles: u64) {
 }
 
 #[test]
-#[ignore = "needs 2 GPUs; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_two_processes_100_cycles_no_leak() {
     if role().is_some() {
         return cycles_main(1, test_id(), 100);
@@ -292,7 +292,7 @@ fn symmetric_cycles_main(rank: usize, id: Id, cycles: usize) {
 }
 
 #[test]
-#[ignore = "needs 2 GPUs (or PURLIN_SHARED_GPU=1); run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_two_processes_symmetric_buffers_free_together() {
     if role().is_some() {
         return symmetric_cycles_main(1, test_id(), 10);
@@ -304,7 +304,7 @@ fn gpu_two_processes_symmetric_buffers_free_together() {
 }
 
 #[test]
-#[ignore = "needs 2 GPUs; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_sigkilled_peer_gives_a_typed_timeout_naming_it() {
     // Rank 0 (child process) is SIGKILLed after set-up. Rank 1 (this process) then waits on
     // the device for rank 0's flag: it must end in a DeviceTimeout naming rank 0 after the
@@ -353,7 +353,7 @@ fn gpu_sigkilled_peer_gives_a_typed_timeout_naming_it() {
 }
 
 #[test]
-#[ignore = "needs 2 GPUs; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn gpu_from_env_as_under_torchrun() {
     // Two child processes with the variables torchrun sets; both call Comm::from_env().
     if let Some(role) = role() {
