@@ -111,7 +111,7 @@ fn ci_set_is_exhaustive_within_budget() {
 /// (world 2 with 1 and 2 blocks, world 3 with 1): how many states each explores.
 /// `cargo test -p purlin-snac --test verify -- --ignored reductions_compared --nocapture`.
 #[test]
-#[ignore]
+#[ignore = "slow, a measurement: run by name with --ignored"]
 fn reductions_compared() {
     for red in [Reduction::Reach, Reduction::Footprint] {
         let t0 = Instant::now();
@@ -460,7 +460,7 @@ proptest! {
 /// The larger exhaustive set, beyond the CI budget: world 4 with 2 blocks per role, world 5
 /// and 6 with 1, world 3 with 3. `cargo xtask verify --full`.
 #[test]
-#[ignore]
+#[ignore = "slow, beyond the CI budget: cargo xtask verify --full"]
 fn full_set() {
     let t0 = Instant::now();
     let (runs, states) = exhaustive_sets(&[(4, 2), (5, 1), (6, 1), (3, 3)], 20_000_000, Reduction::Reach);

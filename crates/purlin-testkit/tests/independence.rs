@@ -28,11 +28,9 @@ fn the_kit_depends_on_no_purlin_crate() {
 }
 
 /// Every `#[ignore]` in a `gpu_*.rs` test file is `#[ignore = "<purlin_testkit::GPU_IGNORE>"]`,
-/// and an ignored GPU test elsewhere carries the same reason (but for the listed files, whose
-/// owners align them).
+/// and an ignored GPU test elsewhere carries the same reason.
 #[test]
 fn gpu_tests_carry_the_one_ignore_reason() {
-    const NOT_YET: [&str; 1] = ["topo_fixtures.rs"];
     let want = format!("#[ignore = \"{}\"]", purlin_testkit::GPU_IGNORE);
     let mut dirs = vec![root().join("benches/tests")];
     for c in std::fs::read_dir(root().join("crates")).unwrap() {
@@ -54,7 +52,7 @@ fn gpu_tests_carry_the_one_ignore_reason() {
                     assert_eq!(*l, want, "{}", path.display());
                 }
                 gpu_ignores += ignores.len();
-            } else if !NOT_YET.contains(&name.as_str()) {
+            } else {
                 let other = ignores.iter().find(|l| l.contains("GPU") && **l != want);
                 assert!(other.is_none(), "{}: {other:?}: a GPU test's reason is {want}", path.display());
             }

@@ -101,7 +101,7 @@ fn probing_without_a_driver_is_an_error_not_a_panic() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU; run with --ignored on the GPU machine"]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
 fn probe_this_machine() {
     let t = Topology::probe().expect("probe");
     println!("{}", t.matrix());
