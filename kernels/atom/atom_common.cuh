@@ -207,12 +207,11 @@ __device__ __forceinline__ u32 fp8x2_hw(float lo, float hi) {
 }
 
 // A vector's sixteen fp8 lanes through fp8x2_hw: 8 conversions against ~15 integer ops per
-// lane for f32_to_fp8 (a 2 MiB e4m3 AllReduce took 2.9x bf16's time on one H200, round 124;
-// 44 against 65 us with this, round 125). Returns whether the vector must be redone in
-// software for the contract: a NaN lane (the contract's NaN code keeps the sign; PTX promises
-// no particular NaN code), and for e5m2 a lane beyond the largest finite value (satfinite
-// gives +-57344 where the contract overflows to +-Inf). e4m3's saturation to +-448, Inf
-// included, is the contract already.
+// lane for f32_to_fp8, which made fp8 reductions slow (rounds 124 and 125). Returns whether
+// the vector must be redone in software for the contract: a NaN lane (the contract's NaN code
+// keeps the sign; PTX promises no particular NaN code), and for e5m2 a lane beyond the largest
+// finite value (satfinite gives +-57344 where the contract overflows to +-Inf). e4m3's
+// saturation to +-448, Inf included, is the contract already.
 template <bool E5M2>
 __device__ __forceinline__ bool fp8x16_hw(const float* a, V16& v) {
   bool redo = false;
@@ -458,8 +457,7 @@ struct Mean {
 // branch-free but for the specials, where div.rn's slow-path call inlined at every fp8
 // finish spilled the e4m3 Avg executor to 266/576 bytes stored/loaded (NVRTC 13.0).
 // RN(1/n) is rcp.rn (IEEE, so correctly rounded), not a table: a module with a user
-// constant bank ran byte-identical kernels 0.4-1.7 us slower per graph-captured call
-// (rounds 139-141, one H100).
+// constant bank ran byte-identical kernels slower in CUDA graphs (rounds 139-141).
 __device__ __forceinline__ float div_rn_small(float a, u32 n) {
   const float r = __frcp_rn((float)n);
   const float q = __fmul_rn(a, r);
@@ -504,8 +502,7 @@ __device__ __forceinline__ A finish(A a, u32 n) {
 // A lane the shortcut cannot give the contract's bits (a NaN, whose code the hardware picks;
 // an e5m2 sum that the contract overflows to Inf where satfinite saturates) sends the whole
 // vector through the f32 path. Half the instructions of the f32 path or less per vector:
-// no unpack to f32, half the adds, no f32 NaN tests (round 127, one H200: bf16 AllReduce
-// 16 MiB staged 69.3 -> 67.7 us, e4m3 102.5 -> 83.9).
+// no unpack to f32, half the adds, no f32 NaN tests (round 127).
 // sm_90+ (`add.rn.bf16x2`); PURLIN_ATOM_SOFT_CONVERT=1 keeps the f32 path.
 #if !PURLIN_ATOM_SOFT_CONVERT && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PURLIN_ATOM_PAIRWISE 1
@@ -574,8 +571,8 @@ __device__ __forceinline__ u32 f16x2_to_fp8x2(u32 h) {
 
 // bf16 (8 significant bits) through bf16x2: the f32 sum is exact up to d = 15. NaN lanes
 // (magnitude above Inf's 0x7f80) go the f32 way. (f16 stays on the f32 path: through f16x2
-// it was no faster below 16 MiB and 3% slower there, round 127; its f32 path is already
-// short, one conversion per lane each way.)
+// it was no faster, round 127; its f32 path is already short, one conversion per lane each
+// way.)
 template <>
 struct Pairwise<BF16, Sum> {
   static constexpr bool value = true;
@@ -713,8 +710,7 @@ __device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes) {
 // A share of at most kDirectVectorsPerThread 16-byte vectors per thread (8 KiB at 512
 // threads) skips the engine: each thread loads its vectors into registers, all at once, and
 // stores them. The engines' pipelines pay their set-up and drain on every call, which at
-// these sizes cost more than the one load round trip that moves the data (round 85: a
-// 1 KiB share through the cp.async pipeline took ~1.1 us).
+// these sizes cost more than the one load round trip that moves the data (round 85).
 constexpr u32 kDirectVectorsPerThread = 2;
 
 __device__ __forceinline__ void copy_vectors_direct(V16* dst, const V16* src, u64 nvec) {
@@ -758,8 +754,8 @@ __device__ __forceinline__ void copy_share(void* dst_, const void* src_, u64 byt
     const u32* s = (const u32*)(src + head);
     // Pointers 4-byte aligned but differently 16-byte aligned (V collectives' partitions at
     // arbitrary element offsets): kScalarUnroll loads in flight per thread before any store,
-    // so the word path is not one load latency per word (as a plain loop it made a Zipf-
-    // skewed ReduceScatterV of 128 MiB take 656 us against 226 us with uniform counts).
+    // so the word path is not one load latency per word (as a plain loop it made skewed V
+    // collectives several times slower, round 13).
     const u64 step = nthreads();
     u64 i = tid();
     for (; i + (kScalarUnroll - 1) * step < nw; i += kScalarUnroll * step) {
@@ -813,7 +809,7 @@ __device__ __noinline__ void reduce_scalar(typename T::storage* dst, const u64* 
 // pipeline overlaps them), combined in rank order. Four 16-byte vectors in flight for
 // 32-bit lanes; two for narrower lanes, whose unpacked accumulators (8 to 16 floats per
 // vector) otherwise spill to local memory (NVRTC 13.0 on sm_90, the bf16 by-value
-// executor: 50/220 bytes stored/loaded with four, 0 with two; round 119).
+// executor; round 119).
 template <class T>
 struct DirectSources {
   static constexpr u32 value = T::kLanes > 4 ? 2u : 4u;

@@ -82,10 +82,9 @@ struct Ctx {
 };
 
 // Chunk c's slot among m slots (m > 0), for chunks past the first m. Plans keep chunk counts
-// and slot counts below 2^32 (Plan::check): a 64-bit remainder is a subroutine of ~0.2 us on
-// sm_90 (round 98). Out of line, so that it runs only where called: inlined, the 32-bit
-// remainder slowed the one-copy calls, whose plans have no slot counts (round 99). Measured
-// against the 64-bit remainder: staged calls 0.1-2.2 us faster, one-copy 0-0.85 (round 102).
+// and slot counts below 2^32 (Plan::check), so a 32-bit remainder does: a 64-bit one is a
+// slow subroutine on sm_90 (rounds 98 and 102). Out of line, so that it runs only where
+// called: inlined, it slowed the one-copy calls, whose plans have no slot counts (round 99).
 __device__ __noinline__ u64 chunk_slot_divide(u64 c, u64 m) { return (u64)((u32)c % (u32)m); }
 
 __device__ __forceinline__ u64 off_at(const u64* o, u64 c, u64 s) {
@@ -114,9 +113,9 @@ __device__ __forceinline__ u32 space_rank(const u64* r) { return (u32)(r[0] & 0x
 
 // The Runtime word that holds a space's base: input 0, output 1, then a rank's staging,
 // window, peer output or peer input. Arithmetic on one constant, not a switch: the switch
-// compiled to a jump table read from the constant bank and an indirect branch per region;
-// without them staged calls were 0.15-2.2 us faster, one-copy calls up to 0.8, shaped ones
-// up to 0.16 (round 107). A kind past kPeerInput reads as a window, as the switch's default did.
+// compiled to a jump table read from the constant bank and an indirect branch per region,
+// which slowed every kind of call (round 107). A kind past kPeerInput reads as a window, as
+// the switch's default did.
 __device__ __forceinline__ u32 runtime_base_word(u32 kind, u32 rank) {
   // Runtime's layout in words (NVRTC has no offsetof): input, output, staging[16], window[16],
   // flags[16], six single words (the last: trace_capacity and call_number), peer_output[16], peer_input[16].
@@ -145,8 +144,7 @@ __device__ __forceinline__ u8* window_packets(const Ctx& x, const u64* r, u64 c)
 
 // Loads up to kPayload bytes of a payload word (zero-padded past `bytes`). A partial or
 // misaligned payload (a call's last elements, a buffer at an odd offset) takes the widest
-// aligned loads that fit (round 52: AllGather, ReduceScatter and AllToAll with 4 bytes per
-// rank, one partial payload, took 0.3 us more than with 32 bytes).
+// aligned loads that fit: byte by byte, one partial payload slowed small calls (round 52).
 __device__ __forceinline__ u64 load_payload(const u8* src, u64 bytes) {
   if (bytes >= kPayload && ((u64)src % kPayload) == 0) {
     return kPayload == 8 ? *(const u64*)src : (u64) * (const u32*)src;
@@ -240,9 +238,7 @@ __device__ __forceinline__ void note_wait(WaitResult r, u64 peer_plus_one, u64 s
 
 // Two sources of a bf16 or fp8 Sum or an fp8 Mean (`Pairwise`, which the Atom adds in
 // bf16x2 / f16x2): at world 2 a payload is combined without decoding its lanes to f32 and
-// encoding each in software. One H200: e4m3 AllReduce 512 KiB 9.33 -> 7.03 us graph
-// (round 128), bf16 ReduceScatter 2 MiB 11.56 -> 11.18 (round 129); one H100, e4m3 Avg
-// 1 MiB 16.58 -> 10.69 (round 140).
+// encoding each in software, which is faster (rounds 128, 129 and 140).
 constexpr bool kPairwise = purlin::atom::Pairwise<Elem, ReduceOp>::value;
 
 // Element-wise reduce of `len` bytes where some sources are packets in this rank's window.
@@ -273,8 +269,8 @@ __device__ WaitResult reduce_packets(const Ctx& x, u8* dst, const u64* srcs, u32
         word = local[r];
       }
       // (NVRTC unrolls this loop kMaxWorld times; testing r first folds the combine away in
-      // the copies for r >= 2. Carried in all 16, it made bf16's staged calls in the same
-      // kernel 1.3 us slower at 16 MiB, round 128.)
+      // the copies for r >= 2. Carried in all 16, it slowed bf16's staged calls in the same
+      // kernel, round 128.)
       if constexpr (kPairwise) {
         if (r == 0 && n == 2) {
           first = word;
@@ -408,11 +404,10 @@ __device__ __forceinline__ u64* call_words(const Runtime* rt, u64 rank) {
 // part in the plan: it reads and writes only call words and orders nothing. A peer number
 // past this rank's means the peer finished this call, and so compared the digests already.
 // A captured graph replays its calls' numbers, unique per call site, so a word stale from an
-// earlier replay carries the same digest: no false mismatch. (Round 145: counting in device
-// memory instead cost the same, 0.05-0.3 us on small graph calls.) Out of line, so that its
-// 3.3 KB of code does not sit between the entry's branch and the plan's first step. That was
-// the first suspect for small graph calls' +0.2 us with the check off (round 146); the cause
-// measured was the parameter words' 8-byte shift (round 149, params.rs VERSION 5).
+// earlier replay carries the same digest: no false mismatch. (Counting in device memory
+// instead cost the same, round 145.) Out of line, so that its code does not sit between the
+// entry's branch and the plan's first step. (What small calls paid with the check off was
+// the parameter layout, not this code: round 149, params.rs VERSION 5.)
 __device__ __noinline__ void run_call_check(const ParamHeader* h, const Runtime* rt) {
   if (purlin::atom::tid() != 0) return;  // one thread does it all
   u64* control = (u64*)rt->control;
@@ -464,10 +459,9 @@ __device__ __forceinline__ bool call_check_block(const Runtime& rt) {
 //   graph its size costs nothing, round 19);
 // - `NAME##_global`: the block in device memory, uploaded once per prepared plan, for eager
 //   launches of calls up to 1 MiB, which otherwise upload the whole block at every launch
-//   (31 KiB: 2.4 us per launch, round 49; a 4 KiB by-value block measured 0.4 us slower
-//   than device memory, round 55). Longer calls, whose launches hide behind the kernel, keep
-//   the block by value: from device memory their kernels ran slower (rounds 55-57), and
-//   still do with the records copied into shared memory (round 79, tuning.rs).
+//   (rounds 49 and 55). Longer calls, whose launches hide behind the kernel, keep the block
+//   by value: from device memory their kernels ran slower (rounds 55-57), and still do with
+//   the records copied into shared memory (round 79, tuning.rs).
 // RUN's third argument says which: true where the words lie in device memory. The block past
 // the plan's grid runs the call check instead (run_call_check).
 #define PURLIN_EXEC_ENTRY_POINTS(NAME, RUN)                                                            \

@@ -280,13 +280,11 @@ fn gpu_round(args: &[String]) -> Result<()> {
     }
     eprintln!("kernel cache: {} sm_90 kernels in {}", compiled.len(), cache.dir().display());
 
-    let calibration = root.join("../shared/calibration");
+    // The same-day calibration (link limits, NCCL through torch) that run.sh runs after the tests.
     if lean {
         eprintln!("--lean: no calibration in the round");
-    } else if calibration.is_dir() {
-        copy_dir(&calibration, &out.join("calibration"))?;
     } else {
-        eprintln!("warning: {} not found; the round runs without calibration", calibration.display());
+        copy_dir(&root.join("xtask/gpu-round/calibration"), &out.join("calibration"))?;
     }
     std::fs::write(out.join("run.sh"), RUN_SH)?;
     std::fs::write(out.join("lane_sweep.sh"), LANE_SWEEP_SH)?;
