@@ -197,7 +197,7 @@ __shared__ u64 s_records[kCachedRecordWords];
 __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool in_device_memory) {
   // 128-byte aligned: when the shared-stage bookkeeping grew the static shared variables by
   // 16 bytes, the Atom's pipeline buffers after them lost their 64-byte alignment and every
-  // copy and reduce got 10-20% slower (2-32 MiB calls, rounds 30-33, PERFORMANCE.md).
+  // copy and reduce got 10-20% slower (2-32 MiB calls, rounds 30-33).
   extern __shared__ __align__(128) u8 smem[];
   const ParamHeader* h = (const ParamHeader*)w;
   u64* control = (u64*)rt->control;

@@ -4,7 +4,7 @@
 // interpreter's (crates/purlin-snac/src/params.rs); the shape fixes where each record lies
 // relative to the block's first one, so every field is read at a constant offset and no step
 // waits on decoding the one before. It exists because interpreting cost an 8-byte AllReduce
-// about 2 us over a hand-written exchange (rounds 45-47, PERFORMANCE.md).
+// about 2 us over a hand-written exchange (rounds 45-47).
 //
 // What differs from the interpreter (executor.cu), all inside the plan contract:
 // - every thread runs the program on its own packet indices; a block barrier separates two

@@ -2,7 +2,7 @@
 //! size of each function's machine code.
 //!
 //! The executor's time depends on its code size as well as on its spills: the interpreter
-//! stalls on instruction fetch after its far jumps (PERFORMANCE.md round 117), and taking
+//! stalls on instruction fetch after its far jumps (round 117, results/INDEX.md), and taking
 //! ~1 000 instructions out of it made every staged call faster (round 120). ptxas's report
 //! ([`crate::nvrtc::FunctionResources`]) gives registers and spills but not size; the ELF
 //! gives size: each function's code is a section `.text.<symbol>`, and from sm_70 on every

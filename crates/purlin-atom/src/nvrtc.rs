@@ -120,7 +120,7 @@ pub struct CompiledKernel {
 
 /// What ptxas reports (`--ptxas-options=-v`) for one function of a CUBIN: its registers,
 /// stack frame and register spills. Spills are local-memory traffic the source did not ask
-/// for, and on the executor they cost whole microseconds per call (PERFORMANCE.md rounds 113
+/// for, and on the executor they cost whole microseconds per call (results/INDEX.md, rounds 113
 /// and 118), so the compile checks hold the entry points to a spill budget.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FunctionResources {

@@ -51,7 +51,7 @@ fn runtime_units_compile_to_cubin() {
             assert!(k.cubin.windows(entry.len()).any(|w| w == *entry), "{} lacks an entry point", unit.name);
         }
         // No user constant bank (a `__constant__` variable): one in the module, read or not,
-        // cost every graph-captured call 0.4-1.7 us (PERFORMANCE.md round 141).
+        // cost every graph-captured call 0.4-1.7 us (round 141).
         let sections = purlin_atom::cubin::sections(&k.cubin).unwrap_or_else(|e| panic!("{}: {e}", unit.name));
         assert!(
             !sections.iter().any(|s| s.name == ".nv.constant3"),
@@ -67,7 +67,7 @@ fn runtime_units_compile_to_cubin() {
 
 /// Register spills of the executor's entry points on sm_90, bytes stored / loaded per thread,
 /// at most, by element type (every op, both entry points). A spill on the interpreter's path
-/// costs whole microseconds per call (PERFORMANCE.md: round 113's by-value spill made every
+/// costs whole microseconds per call (round 113: its by-value spill made every
 /// graph call ~1 µs slower; round 118's `Ctx` in local memory 0.4–1.5 µs), and NVRTC says so
 /// at compile time: a change that spills more fails here, before any device time is spent.
 /// The ceilings are what main compiles to (NVRTC 13.0.88, 2026-12-04, after two sources in
@@ -83,7 +83,7 @@ fn runtime_units_compile_to_cubin() {
 /// which raised e4m3 to 214/488 B with every e4m3 Avg call measured 2-38% faster; round
 /// 142: fp8 Mean's RN(1/n) by `rcp.rn` rather than a `__constant__` table, e4m3 202/404 B;
 /// 2026-12-07: the call check's block in both entry points moved the e4m3 Avg
-/// device-memory entry to 206/436 B, its other entries unchanged (PERFORMANCE.md, round 145);
+/// device-memory entry to 206/436 B, its other entries unchanged (round 145);
 /// [`CEILINGS_NVRTC`]):
 /// lower them as spills are taken out, never raise them without a measurement that says the
 /// spill is cheaper.

@@ -298,7 +298,7 @@ impl ShapedKey {
 
 /// The packet size the runtime uses on a generation: 16-byte packets (8 data + 8 flag, one
 /// 16-byte store) on Hopper and later, where the torn-packet stress test found none
-/// (2.02e9 packets over NVLink, both directions, 2×H200, 2026-11-30: PERFORMANCE.md);
+/// (2.02e9 packets over NVLink, both directions, 2×H200, 2026-11-30: results/INDEX.md, round 2);
 /// 8-byte packets (4 + 4) before sm_90.
 pub fn packet_bytes_for(generation: Generation) -> u32 {
     match generation {

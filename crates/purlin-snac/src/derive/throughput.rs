@@ -15,7 +15,7 @@
 //! every reader wait for the slowest writer and every writer for the slowest reader's drain
 //! (a 256 MiB AllGather on 2×H200: producers waited 27–95 µs per call on drains). One lane
 //! per writer block removes those waits but lets lanes drift apart, so the slowest lane ends
-//! the call; 2 lanes measured best of 1/2/4/16 with fixed slices (PERFORMANCE.md, rounds
+//! the call; 2 lanes measured best of 1/2/4/16 with fixed slices (results/INDEX.md, rounds
 //! 19–21).
 //!
 //! *Shared stages* (`PlanConfig::share_piece > 0` and more than one writer per lane): the

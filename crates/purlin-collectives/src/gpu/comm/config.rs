@@ -45,7 +45,7 @@ pub struct CommConfig {
     /// one more block that compares a digest of the call with the peers', so ranks that make
     /// different calls all get [`Error::Mismatch`] instead of one finishing on the other's
     /// bytes and the other waiting out the device timeout (ARCHITECTURE.md). Its block cost a
-    /// small CUDA-graph call ≈ 0.03 µs on one shared H100 (round 146, PERFORMANCE.md).
+    /// small CUDA-graph call ≈ 0.03 µs on one shared H100 (round 146).
     /// Every rank must agree.
     pub call_check: bool,
 }
