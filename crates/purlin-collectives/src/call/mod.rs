@@ -216,7 +216,7 @@ pub fn point_to_point_spec(
 
 /// Elements per partition of a `len`-element buffer split among `world` ranks, or an
 /// `InvalidArgument` naming `what`.
-pub fn whole_partitions(len: usize, world: usize, what: &str) -> Result<u64, Error> {
+fn whole_partitions(len: usize, world: usize, what: &str) -> Result<u64, Error> {
     if len % world != 0 {
         return Err(Error::InvalidArgument(format!("{what}: {len} elements do not split into {world} partitions")));
     }
