@@ -6,7 +6,7 @@ use anyhow::{Result, bail};
 
 use crate::backend::BackendKind;
 use crate::run::Config;
-use crate::spec::{Collective, Dtype, Mode, Op, parse_size};
+use crate::spec::{self, Collective, Dtype, Mode, Op, parse_size};
 
 /// How the ranks are launched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,9 +239,9 @@ pub fn parse(args: &[String]) -> Result<Args> {
         };
         let c = &mut a.config;
         match flag.as_str() {
-            "--collective" | "--collectives" => c.collectives = Collective::parse_list(&value()?)?,
-            "--dtype" => c.dtype = Dtype::parse(&value()?)?,
-            "--op" => c.op = Op::parse(&value()?)?,
+            "--collective" | "--collectives" => c.collectives = spec::parse_collectives(&value()?)?,
+            "--dtype" => c.dtype = spec::parse_dtype(&value()?)?,
+            "--op" => c.op = spec::parse_op(&value()?)?,
             "--min" => c.min_bytes = parse_size(&value()?)?,
             "--max" => c.max_bytes = parse_size(&value()?)?,
             "--factor" => c.factor = num(&flag, &value()?)?,

@@ -3,7 +3,7 @@
 //! `purlin_collectives::CpuComm` runs every collective on CPU threads of this process, one
 //! communicator per rank (and one OS thread per block of a call), through the same SNAC plans
 //! the GPUs run, verified before they run. The sweep is the GPU path's ([`run::run_backends`]):
-//! every result is checked against the reference [`crate::spec::Case::expected`] computes
+//! every result is checked against the reference [`purlin_testkit::Case::expected`] computes
 //! from the inputs alone (`#wrong`), timed the same way, reported the same way. Host memory
 //! stands in for device memory ([`HostDevice`]); graph mode needs a GPU and says so.
 //!

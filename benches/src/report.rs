@@ -195,7 +195,7 @@ pub fn table(rows: &[Row], backends: &[BackendKind], meta: &Meta) -> String {
             first.dtype,
             first.op.map_or("none", |o| o.name()),
             if first.in_place || first.symmetric { format!("  {}", first.placement()) } else { String::new() },
-            collective.bytes_meaning(),
+            crate::spec::bytes_meaning(collective),
             if first.executor == Executor::Host { format!("  [{}]", Executor::Host.label()) } else { String::new() }
         );
         let mut h1 = format!("# {:>10} {:>12} {:>5} {:>6} ", "", "", "", "");

@@ -21,7 +21,7 @@ use crate::case::{Case, POISON};
 use crate::coord::Coord;
 use crate::gpu::{Device, Gpu, Replay};
 use crate::nccl;
-use crate::spec::{Collective, Dtype, Mode, Op, sweep_sizes};
+use crate::spec::{self, Collective, Dtype, Mode, Op, sweep_sizes};
 
 /// What runs Purlin's calls: the GPUs, or the host executor on CPU threads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -50,10 +50,13 @@ impl Executor {
 #[derive(Clone, Debug, Serialize)]
 pub struct Config {
     /// Collectives, in order.
+    #[serde(serialize_with = "spec::json::collectives")]
     pub collectives: Vec<Collective>,
     /// Element type.
+    #[serde(serialize_with = "spec::json::dtype")]
     pub dtype: Dtype,
     /// Reduce op (for the reducing collectives).
+    #[serde(serialize_with = "spec::json::op")]
     pub op: Op,
     /// Smallest size (bytes).
     pub min_bytes: usize,
@@ -107,7 +110,7 @@ impl Config {
 
     /// The case of `collective` at `bytes`, or None where the size is too small.
     pub fn case(&self, collective: Collective, bytes: usize, world: usize) -> Option<Case> {
-        let ci = Collective::every().position(|c| c == collective).unwrap_or(0) as u64;
+        let ci = Collective::EVERY.iter().position(|c| *c == collective).unwrap_or(0) as u64;
         let seed = self.seed ^ (ci << 56) ^ (bytes as u64).wrapping_mul(0x2545_F491_4F6C_DD1D);
         let mut case = Case::new(collective, self.dtype, self.op, world, bytes, self.skew, seed)?;
         case.in_place = self.in_place;
@@ -180,10 +183,13 @@ impl Cell {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Row {
     /// The collective.
+    #[serde(serialize_with = "spec::json::collective")]
     pub collective: Collective,
     /// Element type.
+    #[serde(serialize_with = "spec::json::dtype")]
     pub dtype: Dtype,
     /// Reduce op, for reducing collectives.
+    #[serde(serialize_with = "spec::json::op_option")]
     pub op: Option<Op>,
     /// Mode.
     pub mode: Mode,
@@ -648,7 +654,7 @@ fn measure(
         time_us: Some(median * 1e6),
         p99_us: Some(p99 * 1e6),
         algbw_gbps: Some(algbw),
-        busbw_gbps: Some(algbw * case.collective.busbw_factor(case.world)),
+        busbw_gbps: Some(algbw * spec::busbw_factor(case.collective, case.world)),
         wrong: Some(wrong_total),
         runs,
         iters,

@@ -1,4 +1,6 @@
-//! The collectives and reduce operators the reference knows.
+//! The collectives and reduce operators the reference knows, with their names.
+
+use std::fmt;
 
 /// A collective, by its definition (the layouts are [`crate::Case`]'s).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -65,6 +67,30 @@ impl Collective {
     pub fn is_v(self) -> bool {
         matches!(self, Collective::AllGatherV | Collective::ReduceScatterV | Collective::AllToAllV)
     }
+
+    /// The kebab-case name (`all-reduce`, `all-gather-v`, `send-recv`, ...): `purlin-bench`'s
+    /// command line, tables and files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all-reduce",
+            Collective::AllGather => "all-gather",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::AllToAll => "all-to-all",
+            Collective::AllGatherV => "all-gather-v",
+            Collective::ReduceScatterV => "reduce-scatter-v",
+            Collective::AllToAllV => "all-to-all-v",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::SendRecv => "send-recv",
+        }
+    }
+}
+
+/// The [name](Collective::name).
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// A reduce operator.
@@ -86,4 +112,22 @@ pub enum Op {
 impl Op {
     /// Every op.
     pub const ALL: [Op; 5] = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::Avg];
+
+    /// The lowercase name (`sum`, `prod`, `min`, `max`, `avg`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Sum => "sum",
+            Op::Prod => "prod",
+            Op::Min => "min",
+            Op::Max => "max",
+            Op::Avg => "avg",
+        }
+    }
+}
+
+/// The [name](Op::name).
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }

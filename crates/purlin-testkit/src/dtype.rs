@@ -1,5 +1,7 @@
 //! Element types and their little-endian codecs (`half` for f16/bf16, [`crate::fp8`] for fp8).
 
+use std::fmt;
+
 use crate::fp8::Format;
 
 /// An element type.
@@ -25,9 +27,9 @@ pub enum Dtype {
     I64,
     /// Unsigned 64-bit integer.
     U64,
-    /// fp8 e4m3.
+    /// fp8 e4m3 (NCCL's `ncclFloat8e4m3`).
     F8E4M3,
-    /// fp8 e5m2.
+    /// fp8 e5m2 (NCCL's `ncclFloat8e5m2`).
     F8E5M2,
 }
 
@@ -47,6 +49,25 @@ impl Dtype {
         Dtype::F8E4M3,
         Dtype::F8E5M2,
     ];
+
+    /// The short name (`f32`, `bf16`, `u64`, `e4m3`, ...): `purlin-bench`'s command line and
+    /// tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+            Dtype::F64 => "f64",
+            Dtype::I8 => "i8",
+            Dtype::U8 => "u8",
+            Dtype::I32 => "i32",
+            Dtype::U32 => "u32",
+            Dtype::I64 => "i64",
+            Dtype::U64 => "u64",
+            Dtype::F8E4M3 => "e4m3",
+            Dtype::F8E5M2 => "e5m2",
+        }
+    }
 
     /// Bytes per element.
     pub fn size(self) -> usize {
@@ -178,5 +199,12 @@ impl Dtype {
         let mut a = [0u8; 8];
         a[..self.size()].copy_from_slice(&b[..self.size()]);
         u64::from_le_bytes(a)
+    }
+}
+
+/// The [name](Dtype::name).
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }

@@ -7,9 +7,11 @@
 //!   alone);
 //! - [`Dtype`] with its own codecs (`half` for f16/bf16, [`fp8`] for e4m3/e5m2) and [`Op`]
 //!   (Sum, Prod, Min, Max, Avg), reduced by [`reference::reduce_element`];
+//! - their names ([`Collective::name`], [`Dtype::name`], [`Op::name`], also their `Display`),
+//!   the ones `purlin-bench` parses and prints;
 //! - input generation ([`ValueRule`], [`Values`], [`Rng`]);
 //! - [`POISON`], the byte outputs are filled with before a checked call;
-//! - the check ([`count_wrong`], [`check`]) under a [`Compare`] rule.
+//! - the check ([`count_wrong`], [`check()`]) under a [`Compare`] rule.
 //!
 //! The kit depends on no Purlin crate (`tests/independence.rs`): a reference that shared code
 //! with the library would share its bugs.
