@@ -25,7 +25,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{CARRY_LIMIT, cargo_in, carried_bytes, ensure_nvrtc, run, workspace_root};
+use crate::gpu_round::{CARRY_LIMIT, carried_bytes};
+use crate::{cargo_in, ensure_nvrtc, run, workspace_root};
 
 const RUN_SH: &str = include_str!("../ab-round/run.sh");
 const COMPARE_PY: &str = include_str!("../ab-round/compare.py");
