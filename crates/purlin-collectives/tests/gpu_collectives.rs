@@ -124,16 +124,7 @@ fn v_counts(world: usize, n: usize) -> Vec<Vec<usize>> {
 /// and sums stay small; u8, which only moves, 1..=8).
 fn kit_case(coll: Coll, dtype: kit::Dtype, op: ReduceOp, world: usize, n: usize, seed: u64) -> kit::Case {
     let counts = v_counts(world, n);
-    let c = match coll {
-        Coll::AllReduce | Coll::AllReduceInPlace => kit::Collective::AllReduce,
-        Coll::AllGather => kit::Collective::AllGather,
-        Coll::ReduceScatter => kit::Collective::ReduceScatter,
-        Coll::AllToAll => kit::Collective::AllToAll,
-        Coll::AllGatherV => kit::Collective::AllGatherV,
-        Coll::ReduceScatterV => kit::Collective::ReduceScatterV,
-        Coll::AllToAllV => kit::Collective::AllToAllV,
-        Coll::SendRecv => kit::Collective::SendRecv,
-    };
+    let c = coll.kit();
     let shape = match coll {
         Coll::AllGatherV | Coll::ReduceScatterV => kit::Counts::PerRank((0..world).map(|r| counts[r][r]).collect()),
         Coll::AllToAllV => kit::Counts::PerPair(counts),

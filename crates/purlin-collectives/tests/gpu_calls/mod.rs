@@ -116,6 +116,20 @@ pub enum Coll {
 }
 
 impl Coll {
+    /// The kit's name of the collective (in place or not is the case's layout).
+    pub fn kit(self) -> kit::Collective {
+        match self {
+            Coll::AllReduce | Coll::AllReduceInPlace => kit::Collective::AllReduce,
+            Coll::AllGather => kit::Collective::AllGather,
+            Coll::ReduceScatter => kit::Collective::ReduceScatter,
+            Coll::AllToAll => kit::Collective::AllToAll,
+            Coll::AllGatherV => kit::Collective::AllGatherV,
+            Coll::ReduceScatterV => kit::Collective::ReduceScatterV,
+            Coll::AllToAllV => kit::Collective::AllToAllV,
+            Coll::SendRecv => kit::Collective::SendRecv,
+        }
+    }
+
     pub fn reduces(self) -> bool {
         matches!(self, Coll::AllReduce | Coll::AllReduceInPlace | Coll::ReduceScatter | Coll::ReduceScatterV)
     }
@@ -218,16 +232,7 @@ impl Call {
 
     /// The call as the kit states it (inputs: small nonzero integers, signed but for u8).
     pub fn case(&self) -> kit::Case {
-        let c = match self.coll {
-            Coll::AllReduce | Coll::AllReduceInPlace => kit::Collective::AllReduce,
-            Coll::AllGather => kit::Collective::AllGather,
-            Coll::ReduceScatter => kit::Collective::ReduceScatter,
-            Coll::AllToAll => kit::Collective::AllToAll,
-            Coll::AllGatherV => kit::Collective::AllGatherV,
-            Coll::ReduceScatterV => kit::Collective::ReduceScatterV,
-            Coll::AllToAllV => kit::Collective::AllToAllV,
-            Coll::SendRecv => kit::Collective::SendRecv,
-        };
+        let c = self.coll.kit();
         let counts = match self.coll {
             Coll::AllGatherV | Coll::ReduceScatterV => kit::Counts::PerRank(self.per_rank()),
             Coll::AllToAllV => kit::Counts::PerPair(self.v_counts()),
