@@ -12,10 +12,11 @@
 //!   every peer's output (two-shot).
 //!
 //! In place, the one buffer is both. Every rank of such a call must pass symmetric buffers in
-//! the same roles; a rank that passes other memory runs the staged plan, and the call ends in a
-//! device timeout on every rank (the one-copy plan's flags never meet the staged plan's), not
-//! in corrupted memory. Buffers elsewhere, including inside a symmetric buffer at another
-//! offset, take the staged path as before.
+//! the same roles; a rank that passes other memory runs the staged plan, whose call digest
+//! differs, so with the call check on ([`crate::CommConfig::call_check`], the default) every
+//! rank gets [`Error::Mismatch`]; with it off the call ends in a device timeout on every rank
+//! (the one-copy plan's flags never meet the staged plan's). Never corrupted memory. Buffers
+//! elsewhere, including inside a symmetric buffer at another offset, take the staged path.
 //!
 //! Purlin allocates the memory itself (`cuMemAlloc`, shared by CUDA IPC between processes, by
 //! address within one): cudarc's allocations come from a stream-ordered pool that legacy IPC
