@@ -46,6 +46,8 @@ mod error;
 mod flight;
 mod gpu;
 pub mod nccl;
+#[cfg(feature = "nvtx")]
+mod nvtx;
 mod observe;
 mod workspace;
 

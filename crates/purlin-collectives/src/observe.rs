@@ -14,7 +14,7 @@ use purlin_snac::{CollectiveSpec, Plan};
 pub(crate) struct CallSpan {
     span: tracing::span::EnteredSpan,
     #[cfg(feature = "nvtx")]
-    _range: nvtx::domain::Range<'static>,
+    _range: crate::nvtx::Range,
 }
 
 impl std::fmt::Debug for CallSpan {
@@ -65,7 +65,11 @@ impl CallSpan {
 
     /// Records what the plan decided: regime, blocks, placement (`staged`, `one-copy`, with
     /// `in-place`), plan key (the kernel key's hash) and whether a graph captures the call.
-    pub(crate) fn planned(&self, plan: &Plan, one_copy: bool, in_place: bool, captured: bool) {
+    /// `captured` is asked only where the span is enabled (a driver call on GPUs).
+    pub(crate) fn planned(&self, plan: &Plan, one_copy: bool, in_place: bool, captured: impl FnOnce() -> bool) {
+        if self.span.is_disabled() {
+            return;
+        }
         let placement = match (one_copy, in_place) {
             (true, true) => "one-copy in-place",
             (true, false) => "one-copy",
@@ -76,7 +80,7 @@ impl CallSpan {
         self.span.record("blocks", plan.grid());
         self.span.record("placement", placement);
         self.span.record("plan_key", tracing::field::display(format_args!("{:016x}", plan_key(plan))));
-        self.span.record("captured", captured);
+        self.span.record("captured", captured());
     }
 
     /// Records the call's number (the flight recorder's and the call check's).
@@ -102,15 +106,11 @@ pub(crate) fn warn_once(key: String, warn: impl FnOnce()) {
     }
 }
 
-/// The "Purlin" NVTX domain's range `purlin::<collective>` with the call's bytes as payload.
-/// NVTX3 is header-only: without a profiler's injection library each call is a no-op.
+/// The "Purlin" NVTX domain's range `purlin::<collective>` with the call's bytes as payload
+/// (a no-op unless a profiler injected NVTX).
 #[cfg(feature = "nvtx")]
-fn nvtx_range(collective: &str, bytes: u64) -> nvtx::domain::Range<'static> {
-    static DOMAIN: OnceLock<nvtx::Domain> = OnceLock::new();
-    let domain = DOMAIN.get_or_init(|| nvtx::Domain::new(nvtx::Str::from_str_lossy("Purlin")));
-    let name = format!("purlin::{}", snake(collective));
-    let attributes = domain.event_attributes_builder().message(nvtx::Str::from_str_lossy(&name)).payload(bytes).build();
-    domain.range(attributes)
+fn nvtx_range(collective: &str, bytes: u64) -> crate::nvtx::Range {
+    crate::nvtx::Range::push(|| format!("purlin::{}", snake(collective)), bytes)
 }
 
 #[cfg(test)]

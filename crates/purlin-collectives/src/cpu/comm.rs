@@ -321,6 +321,14 @@ impl CpuComm {
             checked_calls: Meetings::new(world),
             symmetric_exits: Meetings::new(world),
         });
+        tracing::info!(
+            world,
+            timeout_s = config.timeout.as_secs_f64(),
+            staging_bytes = config.memory.staging_bytes,
+            window_bytes = config.memory.window_bytes,
+            max_blocks = config.memory.epoch_words,
+            "host world of {world} ranks (the host executor: CPU threads, every plan verified)"
+        );
         Ok((0..world).map(|rank| CpuComm { rank, shared: shared.clone() }).collect())
     }
 
@@ -887,7 +895,7 @@ impl CpuComm {
         // shares. The decision is the call's, not this rank's plan's: a rank that contributes
         // nothing may write no peer yet have its output written.
         let one_copy = cfg.regime == Regime::Throughput && purlin_snac::derive::one_copy(&spec, &cfg);
-        span.planned(&plan, one_copy, in_place, false);
+        span.planned(&plan, one_copy, in_place, || false);
         self.warn_fallbacks(
             &spec,
             &plan,
