@@ -40,7 +40,9 @@ impl CallSpan {
     pub(crate) fn enter(rank: usize, spec: &CollectiveSpec, executor: &'static str) -> Self {
         let bytes = call_bytes(spec, rank as u32);
         let count = bytes / spec.dtype.size().max(1);
+        // Target `purlin::call`: `PURLIN_LOG=purlin::call=debug` shows the calls alone.
         let span = tracing::debug_span!(
+            target: "purlin::call",
             "call",
             rank,
             collective = spec.collective.name(),

@@ -22,11 +22,13 @@
 //! ```
 
 use std::fs::{File, OpenOptions};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::fmt::format::FmtSpan;
 
 /// The variable holding the filter directives.
 pub const LOG_VAR: &str = "PURLIN_LOG";
@@ -111,10 +113,15 @@ fn open(pattern: &str) -> Result<File, Error> {
 /// program that already installed one keeps it (this returns `Ok` and changes nothing).
 pub fn init() -> Result<(), Error> {
     let filter = filter(std::env::var(LOG_VAR).ok().as_deref())?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(true).with_thread_names(true);
+    // A span's line is printed when it closes, with its fields and time: one line per call.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(true)
+        .with_thread_names(true)
+        .with_span_events(FmtSpan::CLOSE);
     let installed = match std::env::var(LOG_FILE_VAR).ok().filter(|p| !p.trim().is_empty()) {
         Some(pattern) => builder.with_ansi(false).with_writer(Mutex::new(open(&pattern)?)).try_init(),
-        None => builder.with_writer(std::io::stderr).try_init(),
+        None => builder.with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).try_init(),
     };
     // Err only when a global subscriber exists already: the program's own wins.
     drop(installed);
