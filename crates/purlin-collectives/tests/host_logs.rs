@@ -179,7 +179,8 @@ fn host_logs_have_their_levels_and_fields() {
     assert!(!errors.is_empty(), "{failed:#?}");
     for e in &errors {
         assert!(e.message.contains("poisoned"), "{e:?}");
-        assert!(e.fields["error"].contains("rank 1"), "{e:?}");
+        assert_eq!(e.fields["peer"], "Some(1)", "{e:?}");
+        assert!(e.fields["error"].contains("rank 1 is 1 call behind"), "{e:?}");
         assert!(["0", "2"].contains(&e.fields["rank"].as_str()), "{e:?}");
     }
 }
