@@ -94,11 +94,8 @@ pub fn check_snac_has_no_gpu_dependency(g: &DepGraph) -> Result<(), String> {
 /// programs install `purlin-log`'s.
 pub fn check_libraries_install_no_subscriber(g: &DepGraph) -> Result<(), String> {
     const LIBRARIES: &[&str] = &["purlin-snac", "purlin-atom", "purlin-topo", "purlin-collectives"];
-    let bad: Vec<&str> = LIBRARIES
-        .iter()
-        .copied()
-        .filter(|l| DepGraph::closure(&g.normal, l).contains("tracing-subscriber"))
-        .collect();
+    let bad: Vec<&str> =
+        LIBRARIES.iter().copied().filter(|l| DepGraph::closure(&g.normal, l).contains("tracing-subscriber")).collect();
     if bad.is_empty() { Ok(()) } else { Err(format!("library crates that depend on a log subscriber: {bad:?}")) }
 }
 
