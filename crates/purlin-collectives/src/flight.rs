@@ -37,8 +37,8 @@ pub struct FlightEntry {
     pub number: u64,
     /// The collective's name (`all-reduce`, `all-gather-v`, ...).
     pub collective: &'static str,
-    /// The element type, as the spec names it.
-    pub dtype: String,
+    /// The element type.
+    pub dtype: purlin_snac::DataType,
     /// This rank's input bytes.
     pub input_bytes: u64,
     /// This rank's output bytes.
@@ -69,7 +69,7 @@ impl FlightEntry {
             Some(false) => "failed",
         };
         format!(
-            "call {} {} {} {}/{} B digest {:#010x} ({executor}, {:.2} s ago, {state})",
+            "call {} {} {:?} {}/{} B digest {:#010x} ({executor}, {:.2} s ago, {state})",
             self.number,
             self.collective,
             self.dtype,
@@ -109,7 +109,7 @@ impl FlightRecorder {
         self.entries.push_back(FlightEntry {
             number: self.calls,
             collective: spec.collective.name(),
-            dtype: format!("{:?}", spec.dtype),
+            dtype: spec.dtype,
             input_bytes: spec.input_bytes(rank),
             output_bytes: spec.output_bytes(rank),
             digest,
@@ -214,7 +214,7 @@ impl HangReport {
             .iter()
             .map(|r| match (r.number, &r.call) {
                 (Some(n), Some(c)) => format!(
-                    "rank {} on call {n} ({} {} {}/{} B)",
+                    "rank {} on call {n} ({} {:?} {}/{} B)",
                     r.rank, c.collective, c.dtype, c.input_bytes, c.output_bytes
                 ),
                 (Some(0), None) => format!("rank {} before its first call", r.rank),
