@@ -929,11 +929,11 @@ impl CpuComm {
 
     /// Warns of what a call fell back to: a staged plan where symmetric buffers were given
     /// for a throughput call, a plan key the verifier sampled instead of exhausting (each
-    /// once per process).
+    /// once per collective and world in a process).
     fn warn_fallbacks(&self, spec: &CollectiveSpec, plan: &purlin_snac::Plan, coverage: &str, symmetric: (bool, bool)) {
         let (given, one_copy) = symmetric;
         if given && !one_copy && plan.regime == Regime::Throughput {
-            warn_once(format!("staged {spec:?}"), || {
+            warn_once(format!("staged {} {}", spec.collective.name(), spec.world), || {
                 tracing::warn!(
                     rank = self.rank,
                     collective = spec.collective.name(),
@@ -942,7 +942,7 @@ impl CpuComm {
             });
         }
         if coverage.starts_with("sampled") {
-            warn_once(format!("sampled {spec:?}"), || {
+            warn_once(format!("sampled {} {}", spec.collective.name(), spec.world), || {
                 tracing::warn!(
                     rank = self.rank,
                     collective = spec.collective.name(),

@@ -89,7 +89,7 @@ impl Comm {
             }
         }
         if (peer_inputs || peer_outputs) && !plan.one_copy && plan.regime == Regime::Throughput {
-            warn_once(format!("staged {:?}", key.0), || {
+            warn_once(format!("staged {} {}", key.0.collective.name(), key.0.world), || {
                 tracing::warn!(
                     rank = self.rank,
                     collective = key.0.collective.name(),
