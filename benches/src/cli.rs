@@ -34,6 +34,8 @@ pub struct Args {
     pub quick: bool,
     /// `--help` was given.
     pub help: bool,
+    /// `--quiet` was given: no progress lines on stderr.
+    pub quiet: bool,
     /// Run the calibration probe (one process, at least 2 GPUs) before the sweep.
     pub probe: bool,
     /// `--host` was given: run Purlin's host executor even where GPUs are visible.
@@ -95,6 +97,7 @@ usage: purlin-bench [options]          one process, one thread per GPU
   --quick            8 B..32 MiB x4 steps, warmup 2, iters 10, runs <= 10, budget 0.1 s
                      (flags after --quick override it)
   --host             run Purlin's host executor (CpuComm) even where GPUs are visible
+  --quiet, -q        no progress lines (each case's line with the sweep's ETA) on stderr
 
 Without a GPU (no CUDA driver or no device) purlin-bench runs Purlin's host executor
 (purlin_collectives::CpuComm: one thread per rank, --world ranks [2]) and says so; there
@@ -193,6 +196,7 @@ pub fn parse(args: &[String]) -> Result<Args> {
         out: None,
         quick: false,
         help: false,
+        quiet: false,
         probe: true,
         host: false,
         given: Vec::new(),
@@ -229,6 +233,10 @@ pub fn parse(args: &[String]) -> Result<Args> {
         }
         if flag == "--help" || flag == "-h" {
             a.help = true;
+            continue;
+        }
+        if flag == "--quiet" || flag == "-q" {
+            a.quiet = true;
             continue;
         }
         let mut value = || -> Result<String> {

@@ -101,9 +101,10 @@ pub fn launch(args: &Args) -> Result<Launched> {
     if rank0 {
         meta.topology = purlin_topo::Topology::probe().ok().and_then(|t| serde_json::to_value(&t).ok());
     }
+    let quiet = args.quiet;
     let progress = move |rank0: bool| {
         move |msg: &str| {
-            if rank0 {
+            if rank0 && !quiet {
                 eprintln!("[{:7.1}s] {msg}", start.elapsed().as_secs_f64());
             }
         }
@@ -306,7 +307,12 @@ fn host(args: &Args, mut meta: Meta, gpus: usize, start: Instant) -> Result<Laun
         cfg.dtype,
         cfg.modes.iter().map(|m| m.name()).collect::<Vec<_>>().join("+")
     );
-    let progress = move |msg: &str| eprintln!("[{:7.1}s] {msg}", start.elapsed().as_secs_f64());
+    let quiet = args.quiet;
+    let progress = move |msg: &str| {
+        if !quiet {
+            eprintln!("[{:7.1}s] {msg}", start.elapsed().as_secs_f64())
+        }
+    };
     let run = crate::host::run_host(&cfg, world, &progress)?;
     meta.world = run.world;
     meta.purlin_blocks_per_role = Some(run.blocks_per_role);

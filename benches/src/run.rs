@@ -407,6 +407,24 @@ fn open_backends(
     Ok(())
 }
 
+/// The progress line's tail: the time left if the remaining cases take as long as the done
+/// ones did on average (`  ETA 1m05s`), or `  done` after the last.
+pub fn eta(elapsed: Duration, done: usize, total: usize) -> String {
+    if done >= total {
+        return "  done".into();
+    }
+    if done == 0 {
+        return String::new();
+    }
+    let left = elapsed.as_secs_f64() / done as f64 * (total - done) as f64;
+    let secs = left.round() as u64;
+    match secs {
+        0..60 => format!("  ETA {secs}s"),
+        60..3600 => format!("  ETA {}m{:02}s", secs / 60, secs % 60),
+        _ => format!("  ETA {}h{:02}m", secs / 3600, secs % 3600 / 60),
+    }
+}
+
 fn sweep(
     cfg: &Config,
     gpu: &dyn Device,
@@ -419,6 +437,7 @@ fn sweep(
     let sizes = cfg.sizes();
     let total = cfg.collectives.len() * sizes.len();
     let mut done = 0;
+    let started = Instant::now();
     let mut host_out = Vec::new();
     for &collective in &cfg.collectives {
         for &bytes in &sizes {
@@ -472,6 +491,7 @@ fn sweep(
                     row.cells.push(cell);
                 }
             }
+            line.push_str(&eta(started.elapsed(), done, total));
             progress(&line);
             rows.extend(mode_rows);
         }

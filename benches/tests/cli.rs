@@ -43,6 +43,7 @@ fn help_lists_every_flag() {
         "--host",
         "--symmetric",
         "--in-place",
+        "--quiet",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }
@@ -71,6 +72,42 @@ fn a_tiny_sweep_writes_valid_results() {
         assert!(json["meta"]["notes"][0].as_str().unwrap().contains("no GPU"));
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The progress lines end in the sweep's ETA (`done` on the last); `--quiet` drops them and
+/// nothing else (the table and the final line stay).
+#[test]
+fn progress_lines_carry_an_eta_and_quiet_silences_them() {
+    let run = |quiet: bool| {
+        let mut c = bench();
+        c.args(["--quick", "--max", "64", "--collective", "all-reduce", "--launcher", "none", "--host"]);
+        if quiet {
+            c.arg("--quiet");
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (stdout, stderr) = run(false);
+    let cases: Vec<&str> = stderr.lines().filter(|l| l.contains("] all-reduce")).collect();
+    assert!(cases.len() >= 2, "{stderr}");
+    assert!(cases[..cases.len() - 1].iter().all(|l| l.contains("  ETA ")), "{stderr}");
+    assert!(cases.last().is_some_and(|l| l.ends_with("  done")), "{stderr}");
+    let (quiet_stdout, quiet_stderr) = run(true);
+    assert!(!quiet_stderr.contains("] all-reduce") && !quiet_stderr.contains("ETA"), "{quiet_stderr}");
+    assert!(quiet_stderr.contains("done in"), "{quiet_stderr}");
+    assert_eq!(stdout.lines().last(), quiet_stdout.lines().last());
+}
+
+#[test]
+fn the_eta_is_the_mean_case_time_times_the_cases_left() {
+    use purlin_benches::run::eta;
+    use std::time::Duration;
+    assert_eq!(eta(Duration::from_secs(10), 2, 10), "  ETA 40s");
+    assert_eq!(eta(Duration::from_secs(65), 1, 2), "  ETA 1m05s");
+    assert_eq!(eta(Duration::from_secs(3600), 1, 3), "  ETA 2h00m");
+    assert_eq!(eta(Duration::from_secs(3), 4, 4), "  done");
+    assert_eq!(eta(Duration::ZERO, 0, 4), "");
 }
 
 /// `--symmetric` on the host executor: Purlin's buffers are host symmetric memory

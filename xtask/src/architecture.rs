@@ -89,6 +89,16 @@ pub fn check_snac_has_no_gpu_dependency(g: &DepGraph) -> Result<(), String> {
     if bad.is_empty() { Ok(()) } else { Err(format!("purlin-snac depends (transitively) on GPU crates: {bad:?}")) }
 }
 
+/// The library crates only emit logs: none has a log subscriber (`tracing-subscriber`) among
+/// its normal dependencies, transitively, so embedding Purlin never installs or links one;
+/// programs install `purlin-log`'s.
+pub fn check_libraries_install_no_subscriber(g: &DepGraph) -> Result<(), String> {
+    const LIBRARIES: &[&str] = &["purlin-snac", "purlin-atom", "purlin-topo", "purlin-collectives"];
+    let bad: Vec<&str> =
+        LIBRARIES.iter().copied().filter(|l| DepGraph::closure(&g.normal, l).contains("tracing-subscriber")).collect();
+    if bad.is_empty() { Ok(()) } else { Err(format!("library crates that depend on a log subscriber: {bad:?}")) }
+}
+
 /// purlin-atom does not depend on purlin-snac, by any kind of edge, transitively.
 pub fn check_atom_does_not_know_snac(g: &DepGraph) -> Result<(), String> {
     if DepGraph::closure(&g.any, "purlin-atom").contains("purlin-snac") {

@@ -69,6 +69,19 @@ fn atom_does_not_depend_on_snac() {
 }
 
 #[test]
+fn the_library_crates_install_no_log_subscriber() {
+    check_libraries_install_no_subscriber(metadata()).unwrap();
+    assert!(metadata().normal["purlin-log"].contains("tracing-subscriber"), "the check looks for the right name");
+    let mut planted = metadata().clone();
+    planted.add_edge("purlin-topo", "purlin-log", true);
+    assert!(check_libraries_install_no_subscriber(&planted).is_err());
+    // The tests' capturing subscriber is a dev-dependency: allowed.
+    let mut dev_only = metadata().clone();
+    dev_only.add_edge("purlin-atom", "tracing-subscriber", false);
+    check_libraries_install_no_subscriber(&dev_only).unwrap();
+}
+
+#[test]
 fn only_collectives_depends_on_snac_and_atom() {
     check_only_collectives_joins(metadata()).unwrap();
     let mut planted = metadata().clone();
@@ -172,13 +185,14 @@ fn the_join_crate_has_no_module_cycles() {
 
 #[test]
 fn backend_neutral_modules_never_name_the_gpu_backend() {
-    const NEUTRAL: &[&str] = &["call", "cpu", "bootstrap", "workspace"];
+    const NEUTRAL: &[&str] = &["call", "cpu", "bootstrap", "workspace", "flight", "observe", "nvtx"];
     const GPU: &[&str] = &["gpu", "diag"];
     check_neutral_modules_know_no_gpu(&collectives_sources(), COLLECTIVES_SRC, NEUTRAL, GPU).unwrap();
     for (path, text) in [
         ("cpu/planted.rs", "fn f() -> usize { crate::gpu::kernels::EXEC_PARAM_WORDS }"),
         ("call/planted.rs", "use cudarc::driver::CudaStream;"),
         ("bootstrap/planted.rs", "use crate::diag::smoke;"),
+        ("flight/planted.rs", "use crate::gpu::comm::Comm;"),
     ] {
         let mut planted = collectives_sources();
         planted.push(file(&format!("{COLLECTIVES_SRC}/{path}"), text));

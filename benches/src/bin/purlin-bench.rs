@@ -15,6 +15,10 @@ use purlin_benches::run::Row;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    if let Err(e) = purlin_log::init() {
+        eprintln!("purlin-bench: {e}");
+        return ExitCode::from(2);
+    }
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match cli::parse(&argv) {
         Ok(a) => a,

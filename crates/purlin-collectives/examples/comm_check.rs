@@ -129,6 +129,10 @@ fn run(env: &TorchEnv, cycles: usize) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    if let Err(e) = purlin_log::init() {
+        eprintln!("comm_check: {e}");
+        return ExitCode::from(2);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cycles = match args.as_slice() {
         [] => 20,

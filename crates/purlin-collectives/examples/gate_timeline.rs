@@ -166,6 +166,7 @@ struct Setup {
 }
 
 fn main() -> Result<()> {
+    purlin_log::init()?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let collective = arg(&args, "--collective").unwrap_or_else(|| "all-gather".into());
     let mib: u64 = arg(&args, "--mib").map_or(Ok(256), |s| s.parse()).context("--mib")?;

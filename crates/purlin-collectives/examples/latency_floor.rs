@@ -312,6 +312,7 @@ fn check(ranks: &[Rank]) -> Result<usize> {
 }
 
 fn main() -> Result<()> {
+    purlin_log::init()?;
     let mut ranks = comms()?.into_iter().map(Rank::new).collect::<Result<Vec<_>>>()?;
     let first = ranks[0].comm.rank();
     if ranks[0].comm.world_size() != 2 {

@@ -99,6 +99,7 @@ fn run<B: DevicePtr<f32> + DevicePtrMut<f32>>(ranks: &mut [Rank<B>], run: &Run) 
 }
 
 fn main() -> Result<()> {
+    purlin_log::init()?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let collective = arg(&args, "--collective").unwrap_or_else(|| "all-reduce".into());
     let bytes: u64 = arg(&args, "--bytes").map_or(Ok(65536), |s| s.parse()).context("--bytes")?;

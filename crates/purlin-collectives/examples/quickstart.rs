@@ -152,6 +152,8 @@ fn host_executor(why: &str) -> Result<ExitCode> {
 }
 
 fn main() -> Result<ExitCode> {
+    // PURLIN_LOG=purlin=debug shows every call; PURLIN_LOG_FILE=quickstart.%h.%p.log keeps it.
+    purlin_log::init()?;
     let under_torchrun = std::env::var_os("RANK").is_some() && std::env::var_os("WORLD_SIZE").is_some();
     if under_torchrun {
         return torchrun();

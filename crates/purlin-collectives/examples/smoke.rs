@@ -44,6 +44,7 @@ fn sanitizer_control(cache: &KernelCache) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
+    purlin_log::init()?;
     let cache = KernelCache::default_location();
     if std::env::args().any(|a| a == "--sanitizer-control") {
         return sanitizer_control(&cache);

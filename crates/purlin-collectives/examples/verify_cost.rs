@@ -19,6 +19,7 @@ use purlin_snac::verify::Options;
 use purlin_snac::{CollectiveSpec, DataType, PacketFormat, ReduceOp};
 
 fn main() -> anyhow::Result<()> {
+    purlin_log::init()?;
     let (mut worlds, mut sizes) = (vec![], vec![]);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {

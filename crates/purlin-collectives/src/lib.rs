@@ -43,14 +43,19 @@ mod call;
 mod cpu;
 mod diag;
 mod error;
+mod flight;
 mod gpu;
 pub mod nccl;
+#[cfg(feature = "nvtx")]
+mod nvtx;
+mod observe;
 mod workspace;
 
 pub use bootstrap::{Id, TorchEnv};
 pub use call::types::{DataType, NcclType, ReduceOp, Status};
 pub use cpu::{CallInfo, CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuGroup, CpuSymmetricBuffer, CpuType};
 pub use error::Error;
+pub use flight::{Executor, FLIGHT_CALLS, FlightEntry, FlightRecorder, HangReport, RankCall};
 pub use gpu::comm::{Comm, CommConfig, Group, SymmetricBuffer, TeardownReport, group_end, group_start};
 
 pub use purlin_snac as snac;

@@ -395,8 +395,9 @@ struct Meeting<P, O> {
     /// Per rank: its payload, once it arrived.
     payloads: Vec<Option<P>>,
     outcome: Option<O>,
-    /// The rank whose wait expired before every rank arrived, and what it reported.
-    abandoned: Option<(usize, String)>,
+    /// The rank whose wait expired before every rank arrived, what it reported, and the
+    /// ranks missing then.
+    abandoned: Option<(usize, String, Vec<usize>)>,
     /// Ranks that have left (the meeting is dropped when all have).
     left: usize,
 }
@@ -411,8 +412,9 @@ impl<P, O: Clone> Meetings<P, O> {
 
     /// Rank `rank`'s next meeting: waits up to `timeout` for every rank's payload, then
     /// returns the outcome `decide` made of them (in rank order). A rank whose wait expires
-    /// returns [`Error::Timeout`] naming the first rank missing, and every rank that comes
-    /// to that meeting later [`Error::PeerFailed`].
+    /// returns [`Error::Timeout`] naming the first rank missing; so does every rank that was
+    /// waiting with it, while a rank that was missing and comes later gets
+    /// [`Error::PeerFailed`] naming the rank that gave up.
     pub(crate) fn meet(
         &self,
         rank: usize,
@@ -439,8 +441,19 @@ impl<P, O: Clone> Meetings<P, O> {
             let Some(meeting) = state.open.get_mut(&index) else {
                 break Err(Error::Protocol { peer: None, what: format!("meeting {index} vanished ({during})") });
             };
-            if let Some((peer, error)) = &meeting.abandoned {
-                break Err(Error::PeerFailed { rank, peer: *peer, during: during.into(), error: error.clone() });
+            if let Some((gave_up, error, missing)) = &meeting.abandoned {
+                // A rank that was missing hears of the rank that gave up; one that was there
+                // waited for the same missing rank, which its error names (not the live
+                // rank whose wait expired first).
+                break Err(match missing.iter().find(|&&m| m != rank) {
+                    Some(&peer) if !missing.contains(&rank) => Error::Timeout {
+                        rank,
+                        peer,
+                        waited: timeout,
+                        during: format!("{during}; rank {gave_up}'s wait expired first"),
+                    },
+                    _ => Error::PeerFailed { rank, peer: *gave_up, during: during.into(), error: error.clone() },
+                });
             }
             if meeting.outcome.is_none() && meeting.payloads.iter().all(Option::is_some) {
                 let all: Vec<P> = std::mem::take(&mut meeting.payloads).into_iter().flatten().collect();
@@ -454,9 +467,11 @@ impl<P, O: Clone> Meetings<P, O> {
             }
             let now = Instant::now();
             if now >= deadline {
-                let peer = meeting.payloads.iter().position(Option::is_none).unwrap_or(0);
+                let missing: Vec<usize> =
+                    meeting.payloads.iter().enumerate().filter(|(_, p)| p.is_none()).map(|(r, _)| r).collect();
+                let peer = missing.first().copied().unwrap_or((rank + 1) % world);
                 let error = Error::Timeout { rank, peer, waited: timeout, during: during.into() };
-                meeting.abandoned = Some((rank, error.to_string()));
+                meeting.abandoned = Some((rank, error.to_string(), missing));
                 self.arrived.notify_all();
                 break Err(error);
             }

@@ -47,6 +47,8 @@ use crate::call::types::{ReduceOp, Status, atom_dtype};
 use crate::call::verified::{budget_from_env, default_budget, internal, verified};
 use crate::call::{self, Call, Transfer, in_place_layout, paired, point_to_point_spec};
 use crate::error::Error;
+use crate::flight::{Executor, FlightRecorder, HangReport};
+use crate::observe::{CallSpan, warn_once};
 
 /// A host communicator's configuration.
 #[derive(Debug, Clone, Copy)]
@@ -178,6 +180,9 @@ struct Shared {
     /// rank is refused, not interleaved).
     busy: Vec<Mutex<()>>,
     last: Vec<Mutex<Option<CallInfo>>>,
+    /// One per rank: its last calls ([`crate::flight`]); every rank reads every rank's for a
+    /// hang report.
+    flights: Vec<Mutex<FlightRecorder>>,
     /// This world's identity, which its symmetric allocations carry.
     token: Arc<()>,
     /// Where ranks meet to allocate symmetric buffers.
@@ -310,11 +315,20 @@ impl CpuComm {
             config,
             busy: (0..world).map(|_| Mutex::new(())).collect(),
             last: (0..world).map(|_| Mutex::new(None)).collect(),
+            flights: (0..world).map(|_| Mutex::new(FlightRecorder::new())).collect(),
             token: Arc::new(()),
             allocs: Meetings::new(world),
             checked_calls: Meetings::new(world),
             symmetric_exits: Meetings::new(world),
         });
+        tracing::info!(
+            world,
+            timeout_s = config.timeout.as_secs_f64(),
+            staging_bytes = config.memory.staging_bytes,
+            window_bytes = config.memory.window_bytes,
+            max_blocks = config.memory.epoch_words,
+            "host world of {world} ranks (the host executor: CPU threads, every plan verified)"
+        );
         Ok((0..world).map(|rank| CpuComm { rank, shared: shared.clone() }).collect())
     }
 
@@ -341,6 +355,42 @@ impl CpuComm {
         } else {
             Ok(())
         }
+    }
+
+    /// This rank's flight recorder: its last [`crate::FLIGHT_CALLS`] calls.
+    pub fn flight_recorder(&self) -> FlightRecorder {
+        self.shared.flights[self.rank].lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The call each rank is on, from every rank's flight recorder (the threads of a host
+    /// world share one process), with this rank's last calls: what a `Timeout`, `Mismatch`
+    /// or `Poisoned` error of this communicator quotes.
+    pub fn hang_report(&self) -> HangReport {
+        let flights: Vec<FlightRecorder> =
+            self.shared.flights.iter().map(|f| f.lock().unwrap_or_else(|e| e.into_inner()).clone()).collect();
+        let numbers: Vec<Option<u64>> = flights.iter().map(|f| Some(f.calls())).collect();
+        HangReport::new(self.rank, &numbers, &flights[self.rank], |r, n| flights[r].entry(n).cloned())
+    }
+
+    /// `error` with the hang report appended where it is about the world's state (a
+    /// timeout, a disagreement, a poisoned world), logged at error level where it poisons.
+    fn reported(&self, error: Error) -> Error {
+        let report = || format!("; flight recorder: {}", self.hang_report().summary());
+        let error = match error {
+            Error::Timeout { rank, peer, waited, during } => {
+                Error::Timeout { rank, peer, waited, during: during + &report() }
+            }
+            Error::Mismatch { rank, peer, what } => Error::Mismatch { rank, peer, what: what + &report() },
+            Error::Poisoned(why) => {
+                tracing::debug!(rank = self.rank, error = %why, "call refused: the world is poisoned");
+                return Error::Poisoned(why + &report());
+            }
+            other => return other,
+        };
+        if self.shared.world.is_poisoned() {
+            tracing::error!(rank = self.rank, peer = ?error.peer(), error = %error, "the host world is poisoned");
+        }
+        error
     }
 
     /// What this rank's last successful call ran.
@@ -725,7 +775,7 @@ impl CpuComm {
         let all = match sh.checked_calls.meet(self.rank, mine.clone(), sh.config.timeout, DURING, <[_]>::to_vec) {
             Ok(all) => all,
             Err(e) => {
-                sh.world.poison();
+                sh.world.poison_because(&e);
                 return Err(e);
             }
         };
@@ -754,6 +804,7 @@ impl CpuComm {
     fn run_checked(&self, spec: CollectiveSpec, bufs: Bufs<'_>, point_to_point: bool) -> Result<Status, Error> {
         let rank = self.rank as u32;
         let sh = &*self.shared;
+        let span = CallSpan::enter(self.rank, &spec, "host");
         if spec.world as usize != self.world_size() {
             return Err(Error::InvalidArgument(format!(
                 "a spec for world {} on a communicator of {}",
@@ -801,7 +852,7 @@ impl CpuComm {
         let _busy = sh.busy[self.rank].try_lock().map_err(|_| {
             Error::InvalidArgument(format!("rank {rank}: another call on this communicator is in progress"))
         })?;
-        self.async_error()?;
+        self.async_error().map_err(|e| self.reported(e))?;
 
         let peers = self.peer_buffers(&spec, &bufs)?;
         let (tuning, mut limits) = (&sh.config.tuning, sh.config.limits());
@@ -844,28 +895,26 @@ impl CpuComm {
         // shares. The decision is the call's, not this rank's plan's: a rank that contributes
         // nothing may write no peer yet have its output written.
         let one_copy = cfg.regime == Regime::Throughput && purlin_snac::derive::one_copy(&spec, &cfg);
-        if one_copy {
-            let (shares_inputs, shares_outputs) = purlin_snac::derive::one_copy_roles(spec.collective);
-            let input = peers.input_alloc.filter(|_| shares_inputs);
-            let output = peers.output_alloc.filter(|_| shares_outputs);
-            self.meet_checked_call(CheckedCall { spec: spec.clone(), in_place, input, output })?;
-        } else if point_to_point {
-            self.meet_checked_call(CheckedCall { spec: spec.clone(), in_place, input: None, output: None })?;
+        span.planned(&plan, one_copy, in_place, || false);
+        self.warn_fallbacks(
+            &spec,
+            &plan,
+            &verdict.coverage,
+            (peers.inputs.is_some() || peers.outputs.is_some(), one_copy),
+        );
+        // Calls that run a plan are numbered (an empty one is empty on every rank).
+        let number = (plan.grid() > 0).then(|| {
+            let mut flight = sh.flights[self.rank].lock().unwrap_or_else(|e| e.into_inner());
+            flight.start(&spec, rank, plan.call_digest(), Executor::Host)
+        });
+        if let Some(n) = number {
+            span.numbered(n);
         }
-        let ran = sh.world.execute(&plan, buffers, false).map(drop);
-        if one_copy {
-            // A rank whose call failed must not return while a peer's threads may still
-            // write its memory: every rank leaves a one-copy call together (each executor
-            // wait is bounded, so this meeting is too).
-            const DURING: &str = "leaving a one-copy call";
-            let left = sh.symmetric_exits.meet(self.rank, (), 2 * sh.config.timeout, DURING, |_| ());
-            if left.is_err() {
-                sh.world.poison();
-            }
-            ran.and(left)?;
-        } else {
-            ran?;
+        let ran = self.run_planned(&spec, &plan, buffers, (one_copy, point_to_point, in_place, &peers));
+        if let Some(n) = number {
+            sh.flights[self.rank].lock().unwrap_or_else(|e| e.into_inner()).finish(n, ran.is_ok());
         }
+        ran.map_err(|e| self.reported(e))?;
         *sh.last[self.rank].lock().unwrap_or_else(|e| e.into_inner()) = Some(CallInfo {
             spec,
             in_place,
@@ -876,6 +925,65 @@ impl CpuComm {
             verified: verdict.coverage.clone(),
         });
         Ok(Status::Success)
+    }
+
+    /// Warns of what a call fell back to: a staged plan where symmetric buffers were given
+    /// for a throughput call, a plan key the verifier sampled instead of exhausting (each
+    /// once per collective and world in a process).
+    fn warn_fallbacks(&self, spec: &CollectiveSpec, plan: &purlin_snac::Plan, coverage: &str, symmetric: (bool, bool)) {
+        let (given, one_copy) = symmetric;
+        if given && !one_copy && plan.regime == Regime::Throughput {
+            warn_once(format!("staged {} {}", spec.collective.name(), spec.world), || {
+                tracing::warn!(
+                    rank = self.rank,
+                    collective = spec.collective.name(),
+                    "staged instead of one-copy: the call's buffers are not symmetric in every role the one-copy plan shares"
+                )
+            });
+        }
+        if coverage.starts_with("sampled") {
+            warn_once(format!("sampled {} {}", spec.collective.name(), spec.world), || {
+                tracing::warn!(
+                    rank = self.rank,
+                    collective = spec.collective.name(),
+                    coverage,
+                    "verification budget reached: the plan key was checked on sampled schedules, not exhaustively"
+                )
+            });
+        }
+    }
+
+    /// The checked-call meeting, the plan's run and the one-copy exit of a planned call.
+    fn run_planned(
+        &self,
+        spec: &CollectiveSpec,
+        plan: &purlin_snac::Plan,
+        buffers: CallBuffers,
+        (one_copy, point_to_point, in_place, peers): (bool, bool, bool, &PeerRegions),
+    ) -> Result<(), Error> {
+        let sh = &*self.shared;
+        if one_copy {
+            let (shares_inputs, shares_outputs) = purlin_snac::derive::one_copy_roles(spec.collective);
+            let input = peers.input_alloc.filter(|_| shares_inputs);
+            let output = peers.output_alloc.filter(|_| shares_outputs);
+            self.meet_checked_call(CheckedCall { spec: spec.clone(), in_place, input, output })?;
+        } else if point_to_point {
+            self.meet_checked_call(CheckedCall { spec: spec.clone(), in_place, input: None, output: None })?;
+        }
+        let ran = sh.world.execute(plan, buffers, false).map(drop);
+        if one_copy {
+            // A rank whose call failed must not return while a peer's threads may still
+            // write its memory: every rank leaves a one-copy call together (each executor
+            // wait is bounded, so this meeting is too).
+            const DURING: &str = "leaving a one-copy call";
+            let left = sh.symmetric_exits.meet(self.rank, (), 2 * sh.config.timeout, DURING, |_| ());
+            if let Err(e) = &left {
+                sh.world.poison_because(e);
+            }
+            ran.and(left)
+        } else {
+            ran
+        }
     }
 }
 

@@ -95,6 +95,8 @@ struct RankMemory {
     calls: Box<[AtomicU64]>,
     /// This rank's count of calls (the device's comes from the host, `Runtime::call_number`).
     call_count: AtomicU64,
+    /// The number of this rank's last call whose blocks all returned.
+    finished: AtomicU64,
 }
 
 /// The memory of every rank of a host world, and what its waits block on.
@@ -178,6 +180,7 @@ impl HostWorld {
                 epochs: atomics(config.epoch_words),
                 calls: atomics(CALL_WORDS),
                 call_count: AtomicU64::new(0),
+                finished: AtomicU64::new(0),
             })
             .collect();
         Self {
@@ -220,6 +223,27 @@ impl HostWorld {
     pub fn poison(&self) {
         self.poisoned.store(true, Ordering::Release);
         self.notify_all();
+    }
+
+    /// The call number of each rank's last call that ran a plan (the call check's numbers).
+    pub fn call_numbers(&self) -> Vec<u64> {
+        self.ranks.iter().map(|r| r.call_count.load(Ordering::Acquire)).collect()
+    }
+
+    /// The rank a timed-out wait of `rank` is blamed on: a rank that has not entered the
+    /// call `rank` is on (the one furthest behind, then the lowest), else the waited-for
+    /// `peer` where the wait knows it, else the other rank of a world of two, else a rank
+    /// that has not finished the call. Never `rank` itself.
+    pub(crate) fn blame(&self, rank: usize, peer: Option<usize>) -> usize {
+        let numbers = self.call_numbers();
+        let others = || (0..self.ranks.len()).filter(move |&p| p != rank);
+        let behind = others().filter(|&p| numbers[p] < numbers[rank]).min_by_key(|&p| (numbers[p], p));
+        let unfinished = || others().find(|&p| self.ranks[p].finished.load(Ordering::Acquire) < numbers[rank]);
+        behind
+            .or(peer.filter(|&p| p != rank))
+            .or((self.ranks.len() == 2).then(|| 1 - rank))
+            .or_else(unfinished)
+            .unwrap_or((rank + 1) % self.ranks.len())
     }
 
     /// Why the world is poisoned, where a call check recorded it (else `None`).
@@ -283,7 +307,12 @@ impl HostWorld {
                 .collect();
             (check, results)
         });
-        call_outcome(check, results)
+        let outcome = call_outcome(check, results);
+        if outcome.is_ok() {
+            let number = self.ranks[rank].call_count.load(Ordering::Acquire);
+            self.ranks[rank].finished.store(number, Ordering::Release);
+        }
+        outcome
     }
 
     /// The call check (kernels/snac/exec.cuh `run_call_check`, the same words and rules):
@@ -334,13 +363,14 @@ impl HostWorld {
                     }));
                 }
                 Err(WaitFailure::Timeout) => {
-                    self.poison();
-                    return Err(Error::Timeout {
+                    let error = Error::Timeout {
                         rank,
                         peer: p,
                         waited: self.timeout,
                         during: format!("host executor, call check: rank {p} never made call {number}"),
-                    });
+                    };
+                    self.poison_because(&error);
+                    return Err(error);
                 }
             }
         }
@@ -485,9 +515,11 @@ impl BlockRun<'_> {
 
     fn wait_failed(&self, f: WaitFailure, at: At, peer: Option<usize>, what: &str) -> Error {
         match f {
-            WaitFailure::Poisoned => Error::Poisoned(format!("rank {}: another rank's wait expired", self.rank)),
+            WaitFailure::Poisoned => {
+                let why = self.world.poison_reason().unwrap_or_else(|| "another rank's wait expired".into());
+                Error::Poisoned(format!("rank {}: {why}", self.rank))
+            }
             WaitFailure::Timeout => {
-                self.world.poison();
                 let during = format!(
                     "host executor, block {} step {}{} chunk {}: {what}",
                     self.block,
@@ -495,12 +527,17 @@ impl BlockRun<'_> {
                     at.body.map(|b| format!(".{b}")).unwrap_or_default(),
                     at.chunk
                 );
-                // The peer of a flag wait is whoever the plan says writes that flag; a plan for
-                // one rank does not say, so an unknown peer is the other rank of a world of two
-                // (as on the device), else reported as the rank itself.
-                let world = self.world.ranks.len();
-                let peer = peer.or((world == 2).then(|| 1 - self.rank)).unwrap_or(self.rank);
-                Error::Timeout { rank: self.rank, peer, waited: self.world.timeout, during }
+                // A plan for one rank does not say who writes the flag a wait polls, so the
+                // wait is blamed on the rank that did not enter this call, where one did not
+                // (a rank that died or stopped), else on the peer the wait knows.
+                let blamed = self.world.blame(self.rank, peer);
+                let during = match peer {
+                    Some(p) if p != blamed => format!("{during}, waiting for rank {p}"),
+                    _ => during,
+                };
+                let error = Error::Timeout { rank: self.rank, peer: blamed, waited: self.world.timeout, during };
+                self.world.poison_because(&error);
+                error
             }
         }
     }

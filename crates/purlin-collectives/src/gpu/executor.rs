@@ -288,7 +288,19 @@ impl DeviceExecutor {
         let jobs: Vec<_> =
             keys.iter().map(ExecKey::unit).chain(shaped_keys.iter().map(ShapedKey::unit)).map(|u| (u, arch)).collect();
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let mut compiled = cache.get_or_compile_all(&jobs, threads)?.into_iter();
+        let started = std::time::Instant::now();
+        let compiled = cache.get_or_compile_all(&jobs, threads)?;
+        let hits = compiled.iter().filter(|k| k.from_cache).count();
+        tracing::info!(
+            cache = %cache.dir().display(),
+            hits,
+            misses = compiled.len() - hits,
+            seconds = started.elapsed().as_secs_f64(),
+            "executor kernels: {hits} of {} from the kernel cache, {} compiled",
+            compiled.len(),
+            compiled.len() - hits
+        );
+        let mut compiled = compiled.into_iter();
         let mut module = || -> Result<Arc<CudaModule>, Error> {
             let kernel = compiled.next().ok_or_else(|| Error::Unsupported("a kernel was not compiled".into()))?;
             ctx.load_module(Ptx::from_binary(kernel.cubin)).map_err(driver("cuModuleLoadData"))
@@ -462,7 +474,16 @@ impl DeviceExecutor {
         let bytes = std::mem::size_of_val(words);
         let mut result = Ok(());
         let at = *params.device.get_or_init(|| {
-            let at = self.arena.take(bytes)?;
+            let Some(at) = self.arena.take(bytes) else {
+                crate::observe::warn_once("parameter arena full".into(), || {
+                    tracing::warn!(
+                        arena_bytes = PARAM_ARENA_BYTES,
+                        block_bytes = bytes,
+                        "parameter arena full: later new plans pass their parameter blocks by value"
+                    )
+                });
+                return None;
+            };
             // SAFETY: `at` is `bytes` bytes of this context's arena that no kernel reads yet
             // (just handed out); `words` is pageable host memory, which cuMemcpyHtoDAsync
             // copies out before returning; the copy is ordered before this launch on `stream`.

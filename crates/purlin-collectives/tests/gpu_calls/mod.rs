@@ -507,7 +507,10 @@ pub fn device_sleep(comm: &Comm, d: Duration) {
 /// poisoned communicator whose reason names it.
 pub fn names_peer(e: &Error, peer: usize) -> bool {
     match e {
-        Error::Poisoned(why) => why.contains(&format!("rank {peer}")),
+        // The cause, not the flight recorder's report after it (which names every rank).
+        Error::Poisoned(why) => {
+            why.split("; flight recorder:").next().is_some_and(|w| w.contains(&format!("rank {peer}")))
+        }
         other => other.peer() == Some(peer),
     }
 }

@@ -4,13 +4,16 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use purlin_snac::{CollectiveSpec, Plan};
+use cudarc::driver::{CudaStream, sys};
+use purlin_snac::{CollectiveSpec, Plan, Regime};
 
 use super::Comm;
 use crate::call::tuning::PlanLimits;
 use crate::call::types::Status;
 use crate::error::Error;
+use crate::flight::Executor;
 use crate::gpu::executor::{ExecParams, ExecRuntime};
+use crate::observe::{CallSpan, warn_once};
 
 /// A plan ready to launch: the plan and its parameter block.
 #[derive(Debug)]
@@ -74,7 +77,25 @@ impl Comm {
         if let Some(budget) = &self.verify {
             let budget =
                 purlin_snac::verify::Options { max_coresident_blocks: Some(limits.max_coresident_blocks), ..*budget };
-            crate::call::verified::verified(&key.0, &cfg, &budget)?.covers(&plan)?;
+            let verdict = crate::call::verified::verified(&key.0, &cfg, &budget)?;
+            verdict.covers(&plan)?;
+            if verdict.coverage.starts_with("sampled") {
+                tracing::warn!(
+                    rank = self.rank,
+                    collective = key.0.collective.name(),
+                    coverage = %verdict.coverage,
+                    "verification budget reached: the plan key was checked on sampled schedules, not exhaustively"
+                );
+            }
+        }
+        if (peer_inputs || peer_outputs) && !plan.one_copy && plan.regime == Regime::Throughput {
+            warn_once(format!("staged {} {}", key.0.collective.name(), key.0.world), || {
+                tracing::warn!(
+                    rank = self.rank,
+                    collective = key.0.collective.name(),
+                    "staged instead of one-copy: the call's buffers are not symmetric in every role the one-copy plan shares"
+                )
+            });
         }
         self.layout.check_resources(&plan.resources)?;
         self.exec.check_supported(&plan)?;
@@ -126,13 +147,22 @@ impl Comm {
         output: u64,
         peers: &PeerBuffers,
     ) -> Result<Status, Error> {
+        let plan = &prepared.plan;
+        let span = CallSpan::enter(self.rank, &plan.spec, "gpu");
+        span.planned(plan, plan.one_copy, plan.resources.alias.is_some(), || is_capturing(&self.stream));
         if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            return Err(Error::Poisoned(why));
+            tracing::debug!(rank = self.rank, error = %why, "call refused: the communicator is poisoned");
+            return Err(self.reported(Error::Poisoned(why)));
         }
         let mut rt = self.runtime(input, output);
         peers.fill(&mut rt);
-        if prepared.plan.grid() > 0 {
+        let mut number = None;
+        if plan.grid() > 0 {
             rt.call_number = self.next_call_number(); // an empty call launches nothing, on every rank
+            let mut flight = self.flight.lock().unwrap_or_else(|e| e.into_inner());
+            let n = flight.start(&plan.spec, self.rank as u32, plan.call_digest(), Executor::Gpu);
+            span.numbered(n);
+            number = Some(n);
         }
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
@@ -143,7 +173,19 @@ impl Comm {
         // peer inputs and outputs are symmetric allocations of this communicator, mapped here
         // until teardown, each holding what the spec has every rank read or write there
         // (`peer_buffers`), accessed by the plan only between the peer's entry and exit.
-        unsafe { self.exec.launch(&self.stream, &prepared.plan, &prepared.params, &rt) }?;
+        let launched = unsafe { self.exec.launch(&self.stream, &prepared.plan, &prepared.params, &rt) };
+        if let (Err(_), Some(n)) = (&launched, number) {
+            self.flight.lock().unwrap_or_else(|e| e.into_inner()).finish(n, false);
+        }
+        launched?;
         Ok(Status::Success)
     }
+}
+
+/// Whether `stream` is capturing a CUDA graph (the call then runs when the graph is launched).
+fn is_capturing(stream: &CudaStream) -> bool {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream of this communicator; out-pointer valid.
+    let asked = unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    asked.result().is_ok() && status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
 }

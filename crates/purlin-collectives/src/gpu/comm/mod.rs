@@ -52,6 +52,7 @@ use super::ipc::{IpcBackend, PeerBackend};
 use crate::bootstrap::{HostComm, Id, TorchEnv};
 use crate::call::tuning::Tuning;
 use crate::error::{Error, driver};
+use crate::flight::{FlightRecorder, HangReport};
 use crate::workspace::{SymmetricAlloc, SymmetricWorkspace, WorkspaceLayout};
 use diag::CoResidency;
 
@@ -137,6 +138,8 @@ pub struct Comm {
     calls_launched: AtomicU64,
     /// [`CommConfig::call_check`].
     call_check: bool,
+    /// This rank's last launches ([`crate::flight`]).
+    flight: Mutex<FlightRecorder>,
     /// Symmetric buffers, in allocation order (the same on every rank).
     symmetric: Mutex<Vec<SymmetricRecord>>,
     owner: Owner,
@@ -340,11 +343,70 @@ impl Comm {
     /// wait that expired here, a poison word set in this rank's workspace, or a peer whose
     /// process is gone (its connection closed). Does not wait.
     pub fn async_error(&self) -> Result<(), Error> {
+        self.async_error_unreported().map_err(|e| self.reported(e))
+    }
+
+    /// This rank's flight recorder: its last [`crate::FLIGHT_CALLS`] launches.
+    pub fn flight_recorder(&self) -> FlightRecorder {
+        self.flight.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The call each rank last entered, from this rank's workspace: every launch's call
+    /// check stores `number << 32 | digest` into each peer's call words, so word `p` is peer
+    /// `p`'s last call (0: none; unknown for every peer where the call check is off or the
+    /// words cannot be read). With this rank's last launches.
+    pub fn hang_report(&self) -> HangReport {
+        let own = self.flight_recorder();
+        let mut words = vec![0u64; self.world];
+        let read = self.call_check
+            && self.context().bind_to_thread().is_ok()
+            // SAFETY: reads `world` 8-byte call words (CALL_WORDS >= MAX_WORLD, checked by the
+            // layout's tests) from this rank's own live workspace into a buffer of as many.
+            && unsafe {
+                sys::cuMemcpyDtoH_v2(
+                    words.as_mut_ptr().cast(),
+                    self.addrs[self.rank] + self.layout.calls.offset as u64,
+                    8 * self.world,
+                )
+            }
+            .result()
+            .is_ok();
+        let numbers: Vec<Option<u64>> = (0..self.world)
+            .map(|p| match p == self.rank {
+                true => Some(own.calls()),
+                false => read.then_some(words[p] >> 32),
+            })
+            .collect();
+        // A peer's call is described by this rank's entry of the same number where the
+        // digests agree (the same call), and by its digest alone otherwise.
+        let describe = |p: usize, n: u64| {
+            let mine = own.entry(n)?;
+            (p == self.rank || mine.digest == words[p] as u32).then(|| mine.clone())
+        };
+        HangReport::new(self.rank, &numbers, &own, describe)
+    }
+
+    /// `error` with the hang report appended where it is about the ranks' state (a
+    /// disagreement, a poisoned communicator).
+    fn reported(&self, error: Error) -> Error {
+        let report = || format!("; flight recorder: {}", self.hang_report().summary());
+        match error {
+            Error::Mismatch { rank, peer, what } => Error::Mismatch { rank, peer, what: what + &report() },
+            Error::Poisoned(why) => Error::Poisoned(why + &report()),
+            Error::DeviceTimeout { rank, peer, waited, during } => {
+                Error::DeviceTimeout { rank, peer, waited, during: during + &report() }
+            }
+            other => other,
+        }
+    }
+
+    fn async_error_unreported(&self) -> Result<(), Error> {
         if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(Error::Poisoned(why));
         }
         if let Err(e) = self.host.check_peers() {
             if let Some(peer) = e.peer() {
+                tracing::error!(rank = self.rank, peer, error = %e, "communicator poisoned");
                 self.poison_with(peer, e.to_string());
             }
             return Err(e);
@@ -358,6 +420,7 @@ impl Comm {
             .map_err(driver("cuMemcpyDtoH"))?;
         if let Some(mismatch) = call_mismatch(self.rank, &words) {
             // Later calls fail at once, naming it.
+            tracing::error!(rank = self.rank, peer = mismatch.peer(), error = %mismatch, "communicator poisoned");
             self.poison.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(mismatch.to_string());
             return Err(mismatch);
         }
@@ -369,8 +432,12 @@ impl Comm {
                 None if self.world == 2 => Some(1 - self.rank),
                 None => None,
             };
+            // Where the wait does not know its peer, the rank furthest behind in the call
+            // words is the one that did not come.
+            let peer = peer.or_else(|| self.hang_report().most_behind());
             let who = peer.map_or("an unknown rank".into(), |p| format!("rank {p}"));
             let why = format!("rank {}: a device wait for {who} expired", self.rank);
+            tracing::error!(rank = self.rank, peer, error = %why, "communicator poisoned");
             // Later calls fail at once with this reason (the device word alone would only make
             // their kernels exit at entry).
             self.poison.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(why.clone());

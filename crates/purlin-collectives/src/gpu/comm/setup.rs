@@ -187,7 +187,16 @@ pub(super) fn setup(
         let _one_at_a_time = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let arch = Arch { major: device.compute_capability.major, minor: device.compute_capability.minor };
         let load = |unit: &purlin_atom::TranslationUnit, name: &str, block: u32, smem: usize| {
+            let started = std::time::Instant::now();
             let compiled = cache.get_or_compile(unit, arch)?;
+            tracing::debug!(
+                rank,
+                kernel = name,
+                from_cache = compiled.from_cache,
+                seconds = started.elapsed().as_secs_f64(),
+                "kernel {}",
+                if compiled.from_cache { "cache hit" } else { "compiled (cache miss)" }
+            );
             let module = ctx.load_module(Ptx::from_binary(compiled.cubin)).map_err(driver("cuModuleLoadData"))?;
             let function = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
             let bound = max_coresident_blocks(&function, block, smem, device.sm_count)?;
@@ -235,6 +244,11 @@ pub(super) fn setup(
         })
         .collect();
 
+    let peer_path = match &backend {
+        Backend::Ipc(_) => "CUDA IPC (one process per GPU)",
+        Backend::Peer(_) => "peer access (one process, several GPUs)",
+    };
+    log_setup(rank, &devices, generation, peer_path, config.shared_gpu);
     let (addrs, owner) = match backend {
         Backend::Ipc(mut b) => {
             let ws = SymmetricWorkspace::establish(&host, &mut b, layout.clone())?;
@@ -269,11 +283,47 @@ pub(super) fn setup(
         next_flag_slot: Mutex::new(vec![0; world]),
         calls_launched: AtomicU64::new(0),
         call_check: config.call_check,
+        flight: Mutex::new(crate::flight::FlightRecorder::new()),
         symmetric: Mutex::new(vec![]),
         owner,
     };
     comm.host.barrier("set-up: final barrier")?;
+    tracing::info!(
+        rank,
+        world,
+        workspace_bytes = comm.layout.total_bytes,
+        exec_bound,
+        call_check = comm.call_check,
+        "set-up done: {} workspace bytes per rank, plans of up to {exec_bound} blocks",
+        comm.layout.total_bytes
+    );
     Ok(comm)
+}
+
+/// Set-up's info lines: the GPUs, the peer path, and the NVRTC and driver versions.
+fn log_setup(rank: usize, devices: &[Device], generation: GenerationHint, peer_path: &str, shared_gpu: bool) {
+    if !tracing::enabled!(tracing::Level::INFO) {
+        return;
+    }
+    let gpus: Vec<String> = devices
+        .iter()
+        .enumerate()
+        .map(|(r, d)| {
+            format!(
+                "rank {r}: GPU {} {} sm_{}{} {}",
+                d.ordinal, d.name, d.compute_capability.major, d.compute_capability.minor, d.pci_bus_id
+            )
+        })
+        .collect();
+    let nvrtc = purlin_atom::nvrtc::version().map_or_else(|e| format!("unknown ({e})"), |(a, b)| format!("{a}.{b}"));
+    let mut driver = 0;
+    // SAFETY: out-pointer valid; the driver is initialised (a context exists).
+    let driver = match unsafe { sys::cuDriverGetVersion(&mut driver) }.result() {
+        Ok(()) => format!("{}.{}", driver / 1000, driver % 1000 / 10),
+        Err(e) => format!("unknown ({e})"),
+    };
+    tracing::info!(rank, generation = ?generation, shared_gpu, "set-up: topology: {}", gpus.join("; "));
+    tracing::info!(rank, peer_path, nvrtc = %nvrtc, driver = %driver, "set-up: peer path {peer_path}, NVRTC {nvrtc}, CUDA driver {driver}");
 }
 
 /// Serialises kernel-cache lookups and compiles within this process.
