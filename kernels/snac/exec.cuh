@@ -20,6 +20,12 @@
 #ifndef PURLIN_PARAM_WORDS
 #define PURLIN_PARAM_WORDS 3968
 #endif
+// The executor's block index and block count: the launch's, or in a fused kernel
+// (kernels/include/purlin/collective.cuh) the contracted blocks' own numbering.
+#ifndef PURLIN_CALL_BLOCK
+#define PURLIN_CALL_BLOCK blockIdx.x
+#define PURLIN_CALL_GRID gridDim.x
+#endif
 
 namespace purlin {
 namespace snac {
@@ -347,11 +353,11 @@ __shared__ u64 s_trace_count;
 
 __device__ __forceinline__ void trace(const Ctx& x, u64 at, u64 c) {
   if (x.rt->trace == 0 || purlin::atom::tid() != 0) return;
-  u64* t = (u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords;
+  u64* t = (u64*)x.rt->trace + (u64)PURLIN_CALL_BLOCK * x.rt->trace_capacity * kTraceWords;
   const u64 n = s_trace_count++;
   if (n + 1 < x.rt->trace_capacity) {
     u64* e = t + kTraceWords * (n + 1);
-    e[0] = blockIdx.x;
+    e[0] = PURLIN_CALL_BLOCK;
     e[1] = at;
     e[2] = c;
     e[3] = x.epoch;
@@ -363,7 +369,7 @@ __device__ __forceinline__ void trace(const Ctx& x, u64 at, u64 c) {
 // the block failed); its third word holds when the block began.
 __device__ __forceinline__ void trace_end(const Ctx& x, bool ok) {
   if (x.rt->trace == 0 || purlin::atom::tid() != 0) return;
-  u64* t = (u64*)x.rt->trace + (u64)blockIdx.x * x.rt->trace_capacity * kTraceWords;
+  u64* t = (u64*)x.rt->trace + (u64)PURLIN_CALL_BLOCK * x.rt->trace_capacity * kTraceWords;
   t[0] = s_trace_count;
   if (ok) t[1] = purlin::sync::now_ns();
 }
@@ -379,7 +385,7 @@ __device__ __forceinline__ void advance_epochs(const ParamHeader* h, const Runti
   }
   u64* epochs = (u64*)rt->epochs;
   const u64 stride = h->grid * purlin::atom::nthreads();
-  for (u64 j = blockIdx.x + h->grid * purlin::atom::tid(); j < h->epoch_words; j += stride) {
+  for (u64 j = PURLIN_CALL_BLOCK + h->grid * purlin::atom::tid(); j < h->epoch_words; j += stride) {
     epochs[j] = epoch + advance;
   }
 }
@@ -448,7 +454,7 @@ __device__ __noinline__ void run_call_check(const ParamHeader* h, const Runtime*
 // adds where the check is on (a nonzero number). Decided from the by-value Runtime and the
 // grid, so no block's entry waits on a header load.
 __device__ __forceinline__ bool call_check_block(const Runtime& rt) {
-  return rt.call_number != 0 && blockIdx.x + 1 == gridDim.x;
+  return rt.call_number != 0 && PURLIN_CALL_BLOCK + 1 == PURLIN_CALL_GRID;
 }
 
 }  // namespace snac

@@ -204,16 +204,16 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
   const u32 t = purlin::atom::tid();
   if (rt->trace != 0 && t == 0) {
     // Trace header, third word: when the block began (before its first load).
-    ((u64*)rt->trace + (u64)blockIdx.x * rt->trace_capacity * kTraceWords)[2] = purlin::sync::now_ns();
+    ((u64*)rt->trace + (u64)PURLIN_CALL_BLOCK * rt->trace_capacity * kTraceWords)[2] = purlin::sync::now_ns();
   }
   __shared__ u64 s_epoch;
   __shared__ int s_skip;
   // The block's records are [first, end): encode() writes each block's after the previous
   // one's, the last block's up to total_words. Copied only from a well-formed block.
-  const bool well_formed = h->magic == kParamMagic && h->version == kParamVersion && blockIdx.x < h->grid;
-  const u64* entry = w + h->block_table + 3 * blockIdx.x;  // role | shape, first record, steps
+  const bool well_formed = h->magic == kParamMagic && h->version == kParamVersion && PURLIN_CALL_BLOCK < h->grid;
+  const u64* entry = w + h->block_table + 3 * PURLIN_CALL_BLOCK;  // role | shape, first record, steps
   const u64 first = well_formed ? entry[1] : 0;
-  const bool last = blockIdx.x + 1 >= h->grid;
+  const bool last = PURLIN_CALL_BLOCK + 1 >= h->grid;
   const u64 end = !well_formed ? 0 : last ? h->total_words : entry[3 + 1];
   const bool cached =
       in_device_memory && first <= end && end - first <= kCachedRecordWords && end <= h->total_words;
@@ -229,7 +229,7 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
     s_trace_count = 0;
     // A poisoned communicator runs nothing (the rest of a captured graph exits at once).
     s_skip = purlin::sync::poisoned(control) || !well_formed;
-    s_epoch = ((const u64*)rt->epochs)[blockIdx.x];
+    s_epoch = ((const u64*)rt->epochs)[PURLIN_CALL_BLOCK];
   }
   __syncthreads();  // also: the record copy is complete
   if (s_skip) return;
@@ -284,7 +284,7 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
   trace_end(x, ok);
   if (!ok) {
     if (purlin::atom::tid() == 0 && s_failure.code != 2) {
-      purlin::sync::poison_with(control, s_failure.peer_plus_one, x.epoch, blockIdx.x, s_failure.step,
+      purlin::sync::poison_with(control, s_failure.peer_plus_one, x.epoch, PURLIN_CALL_BLOCK, s_failure.step,
                                 s_failure.chunk);
     }
     return;  // a failed call does not advance: the communicator is poisoned from here on
@@ -295,4 +295,7 @@ __device__ __forceinline__ void run_block(const u64* w, const Runtime* rt, bool 
 }  // namespace snac
 }  // namespace purlin
 
+// A fused kernel (kernels/include/purlin/collective.cuh) calls run_block itself.
+#ifndef PURLIN_FUSED
 PURLIN_EXEC_ENTRY_POINTS(purlin_snac_exec, purlin::snac::run_block)
+#endif

@@ -9,11 +9,27 @@ use xtask::workspace_root;
 use crate::{cargo, ensure_nvrtc, kernels::compile_all, run};
 
 /// Test executables a `--lean` round keeps: the collectives' GPU tests.
-const LEAN_TESTS: [&str; 7] =
-    ["gpu_comm", "gpu_collectives", "gpu_conformance", "gpu_faults", "gpu_sequences", "gpu_smoke", "gpu_nccl_drop_in"];
+const LEAN_TESTS: [&str; 8] = [
+    "gpu_comm",
+    "gpu_collectives",
+    "gpu_conformance",
+    "gpu_faults",
+    "gpu_sequences",
+    "gpu_smoke",
+    "gpu_nccl_drop_in",
+    "gpu_fused",
+];
 
 /// Programs a `--lean` round keeps.
-const LEAN_PROGRAMS: [&str; 5] = ["purlin-bench", "quickstart", "latency_floor", "gate_timeline", "smoke"];
+const LEAN_PROGRAMS: [&str; 7] = [
+    "purlin-bench",
+    "quickstart",
+    "latency_floor",
+    "gate_timeline",
+    "smoke",
+    "fused_bias_gelu",
+    "fused_gather_consume",
+];
 
 /// Bytes the device tool carries: the tracked tree and the round together.
 pub(crate) const CARRY_LIMIT: u64 = 64 << 20;

@@ -52,11 +52,15 @@ mod observe;
 mod workspace;
 
 pub use bootstrap::{Id, TorchEnv};
+pub use call::Call;
 pub use call::types::{DataType, NcclType, ReduceOp, Status};
 pub use cpu::{CallInfo, CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuGroup, CpuSymmetricBuffer, CpuType};
 pub use error::Error;
 pub use flight::{Executor, FLIGHT_CALLS, FlightEntry, FlightRecorder, HangReport, RankCall};
-pub use gpu::comm::{Comm, CommConfig, Group, SymmetricBuffer, TeardownReport, group_end, group_start};
+pub use gpu::comm::{
+    CollectiveArgs, Comm, CommConfig, FusedCall, FusedKernel, FusedLaunch, Group, SymmetricBuffer, TeardownReport,
+    group_end, group_start,
+};
 
 pub use purlin_snac as snac;
 pub use purlin_topo::{MAX_WORLD, device_count, driver_present};
@@ -70,7 +74,7 @@ pub mod internal {
     pub use crate::call::{Call, Transfer, tuning, verified};
     pub use crate::cpu::executor as host_executor;
     pub use crate::diag::{CoResidency, Diag, PingPong, PingPongLaunch, conformance, smoke};
-    pub use crate::gpu::comm::{KernelRequest, LoadedKernel};
+    pub use crate::gpu::comm::{KernelRequest, LoadedKernel, fused_unit};
     pub use crate::gpu::executor as device_executor;
     pub use crate::gpu::{ipc, kernels};
 

@@ -343,7 +343,7 @@ impl DeviceExecutor {
     }
 
     /// The datapath key of a plan's kernels; a typed error where the Atom lacks the dtype.
-    fn exec_key(&self, plan: &Plan) -> Result<ExecKey, Error> {
+    pub(crate) fn exec_key(&self, plan: &Plan) -> Result<ExecKey, Error> {
         let op = exec_op(plan.spec.op);
         let dtype = match (op, atom_dtype(plan.spec.dtype)) {
             (ExecOp::Copy, _) => DType::U32,

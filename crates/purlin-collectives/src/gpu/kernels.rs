@@ -106,7 +106,7 @@ impl ExecKey {
         format!("{}_{}_{:?}_p{}", self.atom.label(), self.dtype.cuda_tag(), self.op, self.packet_bytes).to_lowercase()
     }
 
-    fn headers(&self) -> Vec<(String, String)> {
+    pub(crate) fn headers(&self) -> Vec<(String, String)> {
         let mut headers = self.atom.headers();
         headers.push(("sync.cuh".into(), SYNC_CUH.into()));
         headers.push(("params.cuh".into(), PARAMS_CUH.into()));
@@ -114,7 +114,7 @@ impl ExecKey {
         headers
     }
 
-    fn options(&self) -> Vec<String> {
+    pub(crate) fn options(&self) -> Vec<String> {
         vec![
             format!("-DPURLIN_T={}", self.dtype.cuda_tag()),
             format!("-DPURLIN_OP={}", self.op.atom_op()),

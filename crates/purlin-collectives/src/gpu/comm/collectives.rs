@@ -331,19 +331,27 @@ impl Comm {
         let (ptr, _record) = buff.device_ptr_mut(&self.stream);
         let peers = self.peer_buffers(&spec, true, ptr, ptr)?;
         let prepared = self.prepared(spec, true, peers.flags())?;
-        let res = prepared.plan.resources;
-        let (input_at, output_at) = match res.alias {
-            Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
-            Some(purlin_snac::Alias::OutputInInput(o)) => (0, o),
-            None => (0, 0),
-        };
-        if input_at + res.input_bytes > bytes || output_at + res.output_bytes > bytes {
-            return Err(Error::InvalidArgument(format!(
-                "{:?} in place: a {bytes}-byte buffer does not hold the call's input ({} bytes at {input_at}) \
-                 and output ({} bytes at {output_at})",
-                prepared.plan.spec.collective, res.input_bytes, res.output_bytes
-            )));
-        }
+        let (input_at, output_at) = in_place_offsets(&prepared.plan, bytes)?;
         self.launch_prepared(&prepared, ptr + input_at, ptr + output_at, &peers)
     }
+}
+
+/// Where a plan's input and output lie in the one buffer of an in-place call of `bytes`
+/// bytes (its alias: AllReduce both at 0; AllGather the input at this rank's partition;
+/// ReduceScatter the output), checked to fit.
+pub(super) fn in_place_offsets(plan: &purlin_snac::Plan, bytes: u64) -> Result<(u64, u64), Error> {
+    let res = plan.resources;
+    let (input_at, output_at) = match res.alias {
+        Some(purlin_snac::Alias::InputInOutput(o)) => (o, 0),
+        Some(purlin_snac::Alias::OutputInInput(o)) => (0, o),
+        None => (0, 0),
+    };
+    if input_at + res.input_bytes > bytes || output_at + res.output_bytes > bytes {
+        return Err(Error::InvalidArgument(format!(
+            "{:?} in place: a {bytes}-byte buffer does not hold the call's input ({} bytes at {input_at}) \
+             and output ({} bytes at {output_at})",
+            plan.spec.collective, res.input_bytes, res.output_bytes
+        )));
+    }
+    Ok((input_at, output_at))
 }

@@ -24,6 +24,7 @@
 mod collectives;
 mod config;
 pub(crate) mod diag;
+mod fused;
 mod group;
 mod launch;
 mod setup;
@@ -31,9 +32,11 @@ mod symmetric;
 
 pub use crate::workspace::TeardownReport;
 pub use config::{CommConfig, KernelRequest, LoadedKernel};
+pub use fused::{CollectiveArgs, FusedCall, FusedKernel, FusedLaunch, fused_unit};
 pub use group::{Group, group_end, group_start};
 pub use symmetric::SymmetricBuffer;
 
+use collectives::in_place_offsets;
 use group::refuse_in_open_group;
 use launch::{PeerBuffers, PlanKey, PreparedPlan};
 use setup::{Backend, setup};
@@ -142,6 +145,11 @@ pub struct Comm {
     flight: Mutex<FlightRecorder>,
     /// Symmetric buffers, in allocation order (the same on every rank).
     symmetric: Mutex<Vec<SymmetricRecord>>,
+    /// Where this communicator's kernels were compiled (fused kernels compile there too).
+    kernel_cache: purlin_atom::KernelCache,
+    /// Ranks of this communicator on this GPU (`CommConfig::shared_gpu`), which split its
+    /// co-resident blocks.
+    gpu_sharing: u32,
     owner: Owner,
 }
 

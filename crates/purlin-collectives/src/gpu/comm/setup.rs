@@ -180,8 +180,8 @@ pub(super) fn setup(
 
     // Kernels are compiled before the final barrier, so a peer compiling for seconds is
     // waited for under the set-up timeout, not taken for dead later.
+    let cache = config.kernel_cache.clone().map_or_else(KernelCache::default_location, KernelCache::new);
     let kernels = (|| {
-        let cache = config.kernel_cache.clone().map_or_else(KernelCache::default_location, KernelCache::new);
         // One compile at a time in this process: the ranks of `from_devices` would otherwise
         // compile the same key at once, and KernelCache's temporary file is named by pid only.
         let _one_at_a_time = COMPILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -285,6 +285,8 @@ pub(super) fn setup(
         call_check: config.call_check,
         flight: Mutex::new(crate::flight::FlightRecorder::new()),
         symmetric: Mutex::new(vec![]),
+        kernel_cache: cache,
+        gpu_sharing: sharing,
         owner,
     };
     comm.host.barrier("set-up: final barrier")?;

@@ -1,0 +1,87 @@
+// A Purlin collective inside your own kernel (`purlin_collectives::FusedKernel`).
+//
+// The host prepares a call (`Comm::prepare`, `Comm::prepare_in_place`): a verified SNAC plan,
+// the same one `Comm`'s own launch would run, and passes it to the kernel as its first
+// parameter, `const __grid_constant__ purlin::Collective call`. The contract:
+//   - the kernel is launched with `FusedCall::launch` on the communicator's stream, with
+//     purlin::atom::kThreads threads per block, at least `call.blocks` blocks, and at least
+//     `call.smem_bytes` bytes of dynamic shared memory; the launch is cooperative and checks
+//     that the whole grid is co-resident, so blocks may wait for each other;
+//   - blocks 0 .. call.blocks - 1 each call purlin::run_collective(call, block) exactly once,
+//     with every thread, `block` = their blockIdx.x (the contracted blocks); other blocks
+//     never call it;
+//   - run_collective reads the call's input and writes its output and the communicator's
+//     workspace; while any block may be inside it, no block writes the input or touches the
+//     output. purlin::grid_barrier(call) orders the grid: what any block wrote before it, every
+//     block sees after it (compute the input, barrier, run the collective, barrier, consume
+//     the output);
+//   - the dynamic shared memory of a contracted block belongs to the collective during
+//     run_collective (the Atom's workspace).
+// When every contracted block has returned from run_collective (a grid_barrier after it),
+// this rank's output is complete, exactly as at the end of Comm's own kernel. A failed call
+// (a peer that never came, a mismatch) poisons the communicator as any call does.
+#pragma once
+
+namespace purlin {
+namespace fused {
+// The contracted block this block runs and their count (exec.cuh's PURLIN_CALL_BLOCK/GRID).
+__shared__ unsigned s_block;
+__shared__ unsigned s_blocks;
+}  // namespace fused
+}  // namespace purlin
+
+#define PURLIN_CALL_BLOCK (purlin::fused::s_block)
+#define PURLIN_CALL_GRID (purlin::fused::s_blocks)
+#define PURLIN_FUSED 1
+#include "purlin_snac_executor.cuh"
+
+namespace purlin {
+
+// The prepared call, passed by value (`FusedCall`'s `CollectiveArgs` mirrors it field for field).
+struct Collective {
+  snac::Runtime rt;        // the call's pointers (input, output, every rank's workspace)
+  const snac::u64* words;  // the verified plan's parameter words, in device memory
+  unsigned* barrier;       // grid_barrier's two words: arrivals, generation
+  unsigned blocks;         // contracted blocks: the plan's grid, and the call check's block
+  unsigned smem_bytes;     // dynamic shared memory each contracted block needs
+};
+
+// Runs contracted block `block` of the call; every thread of the block calls it once.
+__device__ __forceinline__ void run_collective(const Collective& call, unsigned block) {
+  if (threadIdx.x == 0) {
+    fused::s_block = block;
+    fused::s_blocks = call.blocks;
+  }
+  __syncthreads();
+  if (snac::call_check_block(call.rt)) {
+    snac::run_call_check((const snac::ParamHeader*)call.words, &call.rt);
+  } else {
+    snac::run_block(call.words, &call.rt, true);
+  }
+  __syncthreads();
+}
+
+// A barrier of every block of the launch (co-resident: FusedCall::launch checks). Writes of any
+// block before it are visible to every block after it. Reusable: launch after launch, replay
+// after replay (the generation word only grows).
+__device__ __forceinline__ void grid_barrier(const Collective& call) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* generation = call.barrier + 1;
+    const unsigned seen = *generation;
+    __threadfence();
+    const unsigned total = gridDim.x * gridDim.y * gridDim.z;
+    if (atomicAdd(call.barrier, 1u) == total - 1) {
+      call.barrier[0] = 0;
+      __threadfence();
+      atomicAdd(call.barrier + 1, 1u);
+    } else {
+      while (*generation == seen) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+}  // namespace purlin
