@@ -172,13 +172,14 @@ fn the_join_crate_has_no_module_cycles() {
 
 #[test]
 fn backend_neutral_modules_never_name_the_gpu_backend() {
-    const NEUTRAL: &[&str] = &["call", "cpu", "bootstrap", "workspace"];
+    const NEUTRAL: &[&str] = &["call", "cpu", "bootstrap", "workspace", "hier"];
     const GPU: &[&str] = &["gpu", "diag"];
     check_neutral_modules_know_no_gpu(&collectives_sources(), COLLECTIVES_SRC, NEUTRAL, GPU).unwrap();
     for (path, text) in [
         ("cpu/planted.rs", "fn f() -> usize { crate::gpu::kernels::EXEC_PARAM_WORDS }"),
         ("call/planted.rs", "use cudarc::driver::CudaStream;"),
         ("bootstrap/planted.rs", "use crate::diag::smoke;"),
+        ("hier/planted.rs", "use crate::gpu::comm::Comm;"),
     ] {
         let mut planted = collectives_sources();
         planted.push(file(&format!("{COLLECTIVES_SRC}/{path}"), text));

@@ -44,6 +44,7 @@ mod cpu;
 mod diag;
 mod error;
 mod gpu;
+mod hier;
 pub mod nccl;
 mod workspace;
 
@@ -52,6 +53,8 @@ pub use call::types::{DataType, NcclType, ReduceOp, Status};
 pub use cpu::{CallInfo, CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuGroup, CpuSymmetricBuffer, CpuType};
 pub use error::Error;
 pub use gpu::comm::{Comm, CommConfig, Group, SymmetricBuffer, TeardownReport, group_end, group_start};
+pub use hier::HierShape;
+pub use hier::host::CpuHierComm;
 
 pub use purlin_snac as snac;
 pub use purlin_topo::{MAX_WORLD, device_count, driver_present};
