@@ -53,6 +53,7 @@ pub use call::types::{DataType, NcclType, ReduceOp, Status};
 pub use cpu::{CallInfo, CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuGroup, CpuSymmetricBuffer, CpuType};
 pub use error::Error;
 pub use gpu::comm::{Comm, CommConfig, Group, SymmetricBuffer, TeardownReport, group_end, group_start};
+pub use gpu::hier::HierComm;
 pub use hier::HierShape;
 pub use hier::host::CpuHierComm;
 

@@ -212,7 +212,7 @@ fn bad(call: &HierCall, what: String) -> Error {
 }
 
 /// Offsets of consecutive parts of these sizes (one more than parts: the total last).
-fn offsets(counts: &[usize]) -> Vec<usize> {
+pub fn offsets(counts: &[usize]) -> Vec<usize> {
     let mut at = Vec::with_capacity(counts.len() + 1);
     let mut sum = 0usize;
     at.push(0);
