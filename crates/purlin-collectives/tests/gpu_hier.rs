@@ -259,6 +259,35 @@ fn every_collective_matches_the_flat_world() {
     }
 }
 
+/// A world of one rank: NCCL alone (one communicator of one rank), every collective through
+/// it — the non-blocking set-up, each call's settling, the grouped V forms and AllToAllV,
+/// synchronize and teardown — against the reference and NCCL's flat calls. One GPU suffices.
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
+fn a_world_of_one_runs_every_collective_through_nccl() {
+    assert!(purlin_topo::driver_present() && purlin_topo::device_count() >= 1, "needs a GPU");
+    let hier = HierComm::from_rank(
+        stream(0),
+        0,
+        1,
+        1,
+        Id::new().expect("Purlin id"),
+        cudarc::nccl::Id::new().expect("NCCL id"),
+    )
+    .expect("set-up");
+    let flat = cudarc::nccl::Comm::from_rank(stream(0), 0, 1, cudarc::nccl::Id::new().expect("NCCL id")).expect("flat");
+    run_cases::<f32>(&hier, &flat, 0);
+    run_cases::<half::bf16>(&hier, &flat, 0);
+    run_cases::<i32>(&hier, &flat, 0);
+    hier.async_error().expect("no failure");
+    // Bad lengths are refused before anything runs, nothing poisoned.
+    let s = hier.stream();
+    let x = s.clone_htod(&[1f32; 4]).expect("upload");
+    let mut y = s.alloc_zeros::<f32>(3).expect("alloc");
+    assert!(matches!(hier.all_gather(&x, &mut y), Err(Error::InvalidArgument(_))));
+    hier.async_error().expect("a refused call poisons nothing");
+}
+
 /// A rank that never makes its call: every other rank's wait ends within the device timeout
 /// with a typed error, NCCL is aborted, and later calls are refused as poisoned.
 #[test]

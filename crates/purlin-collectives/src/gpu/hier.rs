@@ -17,7 +17,8 @@
 //! [`HierComm::synchronize`] waits for the stream under the same bound, polling NCCL's and
 //! Purlin's asynchronous errors, so a peer lost mid-call ends in an error, not a hang.
 //!
-//! A world of one node is the node's `Comm` alone, NCCL untouched (today's path).
+//! A world of one node is the node's `Comm` alone, NCCL untouched (today's path); a world of
+//! one rank is NCCL's alone.
 
 use std::ffi::{CStr, c_void};
 use std::marker::PhantomData;
@@ -45,6 +46,16 @@ const BINDINGS_VERSION: u32 = 2 * 10000 + 30 * 100;
 static ENV_HIER_COMMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Keeps the node ids of `HierComm::from_env` apart from `Comm::from_env`'s.
 const ENV_HIER_SALT: u64 = 0x4849_4552_0000_0000;
+
+/// Fails, rather than letting cudarc panic, where libnccl cannot be loaded.
+fn nccl_present(rank: usize) -> Result<(), Error> {
+    // SAFETY: only tries to load libnccl and reports whether it could.
+    if unsafe { sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::Nccl { rank, call: "dlopen", error: "libnccl could not be loaded".into() })
+    }
+}
 
 /// NCCL's text for a result.
 fn nccl_text(r: ncclResult_t) -> String {
@@ -543,21 +554,28 @@ impl HierComm {
     pub fn from_env_with_stream(stream: Arc<CudaStream>, config: CommConfig) -> Result<HierComm, Error> {
         let env = TorchEnv::from_process()?;
         let shape = torchrun_shape(&env)?;
-        if shape.nodes == 1 {
+        if shape.nodes == 1 && shape.local > 1 {
             let node = Comm::from_env_with_stream(stream.clone(), config.clone())?;
             return Self::finish(stream, shape, Some(node), None, config.device_timeout);
         }
-        let comm_id = std::env::var("NCCL_COMM_ID").map_err(|_| Error::Env {
-            var: "NCCL_COMM_ID",
-            problem: "not set: across nodes, NCCL's communicators meet at NCCL_COMM_ID=<host of global rank 0>:<free \
-                      port>, the same on every rank (or use HierComm::from_rank with ids passed out of band)"
-                .into(),
-        })?;
-        if comm_id.trim().is_empty() {
-            return Err(Error::Env { var: "NCCL_COMM_ID", problem: "empty".into() });
+        // A world of one rank makes its NCCL id itself; a wider one meets at NCCL_COMM_ID.
+        if shape.world() > 1 {
+            let problem = match std::env::var("NCCL_COMM_ID") {
+                Ok(v) if !v.trim().is_empty() => None,
+                Ok(_) => Some("empty".to_string()),
+                Err(_) => Some(
+                    "not set: across nodes, NCCL's communicators meet at NCCL_COMM_ID=<host of global rank 0>:<free \
+                     port>, the same on every rank (or use HierComm::from_rank with ids passed out of band)"
+                        .into(),
+                ),
+            };
+            if let Some(problem) = problem {
+                return Err(Error::Env { var: "NCCL_COMM_ID", problem });
+            }
         }
         // With NCCL_COMM_ID set, every rank's unique id is the same address and global rank 0
         // creates the bootstrap root there.
+        nccl_present(shape.rank())?;
         let mut id = sys::ncclUniqueId { internal: [0; 128] };
         // SAFETY: writes one ncclUniqueId.
         let r = unsafe { sys::ncclGetUniqueId(&mut id) };
@@ -585,8 +603,11 @@ impl HierComm {
             }
             _ => None,
         };
-        let (rail, world) = match (shape.nodes > 1, nccl_id) {
+        // NCCL wherever the node level does not span the world: across nodes, and for a world
+        // of one rank (every call a copy, through NCCL).
+        let (rail, world) = match (shape.nodes > 1 || shape.local == 1, nccl_id) {
             (true, Some(id)) => {
+                nccl_present(shape.rank())?;
                 let world = NcclComm::init(&stream, shape.rank(), shape.world(), id, shape.rank(), timeout)?;
                 let rail =
                     if shape.local > 1 { Some(world.split(shape.local_rank, shape.node, shape.nodes)?) } else { None };
