@@ -204,13 +204,7 @@ impl NcclComm {
         let mut comm: ncclComm_t = std::ptr::null_mut();
         // SAFETY: the parent is live (locked, not null); `comm` and `config` valid for the call.
         let r = unsafe { sys::ncclCommSplit(*parent, color as i32, key as i32, &mut comm, &mut config) };
-        if r != ncclResult_t::ncclSuccess && r != ncclResult_t::ncclInProgress {
-            return Err(self.fail("ncclCommSplit", nccl_text(r)));
-        }
-        Self::settle(*parent, self.global, self.timeout, "ncclCommSplit")?;
-        if comm.is_null() {
-            return Err(self.fail("ncclCommSplit", "no communicator was made".into()));
-        }
+        // Owned (aborted on drop) before anything can fail.
         let made = NcclComm {
             comm: Mutex::new(comm),
             rank: key,
@@ -219,6 +213,13 @@ impl NcclComm {
             timeout: self.timeout,
             stream: self.stream.clone(),
         };
+        if r != ncclResult_t::ncclSuccess && r != ncclResult_t::ncclInProgress {
+            return Err(self.fail("ncclCommSplit", nccl_text(r)));
+        }
+        Self::settle(*parent, self.global, self.timeout, "ncclCommSplit")?;
+        if comm.is_null() {
+            return Err(self.fail("ncclCommSplit", "no communicator was made".into()));
+        }
         Self::settle(comm, self.global, self.timeout, "ncclCommSplit")?;
         Ok(made)
     }

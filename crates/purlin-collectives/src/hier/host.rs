@@ -112,6 +112,24 @@ impl CpuHierComm {
     /// One communicator per rank of `nodes` simulated nodes of `local` ranks, in global rank
     /// order (`node × local + local_rank`), with the default host configuration. Give rank
     /// `g`'s to thread `g`.
+    ///
+    /// ```
+    /// use purlin_collectives::{CpuHierComm, ReduceOp};
+    ///
+    /// // Two "nodes" of two ranks: global ranks 0, 1 on node 0 and 2, 3 on node 1.
+    /// let comms = CpuHierComm::threads(2, 2)?;
+    /// std::thread::scope(|s| {
+    ///     for comm in &comms {
+    ///         s.spawn(move || {
+    ///             let send = vec![comm.rank() as f32; 4];
+    ///             let mut recv = vec![0.0f32; 4];
+    ///             comm.all_reduce(&send, &mut recv, &ReduceOp::Sum).expect("all_reduce");
+    ///             assert_eq!(recv, [6.0; 4]);
+    ///         });
+    ///     }
+    /// });
+    /// # Ok::<(), purlin_collectives::Error>(())
+    /// ```
     pub fn threads(nodes: usize, local: usize) -> Result<Vec<CpuHierComm>, Error> {
         Self::threads_with_config(nodes, local, CpuConfig::default())
     }
