@@ -288,3 +288,38 @@ fn bad_lengths_are_refused_before_anything_moves() {
     assert!(matches!(c.all_gather_v(&[1f32; 2], &mut y, &[1, 2, 3]), Err(Error::InvalidArgument(_))));
     c.async_error().unwrap();
 }
+
+/// Ranks of one node that make different calls: the node's call check names the other rank
+/// (globally numbered) on both, and the other node's ranks, waiting on their rails for the
+/// failed ones, name those.
+#[test]
+fn ranks_that_call_differently_are_named_by_global_rank() {
+    let config = CpuConfig { timeout: Duration::from_millis(500), ..CpuConfig::default() };
+    let comms = CpuHierComm::threads_with_config(2, 2, config).expect("communicators");
+    let errors: Vec<Error> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    // Rank 3 reduces 12 elements, everyone else 8.
+                    let n = if c.rank() == 3 { 12 } else { 8 };
+                    let x = vec![1f32; n];
+                    let mut y = vec![0f32; n];
+                    c.all_reduce(&x, &mut y, &ReduceOp::Sum).expect_err("mismatched calls cannot complete")
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
+    });
+    for (g, e) in errors.iter().enumerate() {
+        let want = [2, 3, 3, 2][g];
+        assert_eq!((e.peer(), g), (Some(want), g), "rank {g}: {e}");
+        assert!(comms[g].async_error().is_err(), "rank {g} is poisoned");
+    }
+}
+
+#[test]
+fn worlds_beyond_the_host_executors_are_refused() {
+    assert!(matches!(CpuHierComm::threads(4, 5), Err(Error::Spec(_))));
+    assert!(matches!(CpuHierComm::threads(0, 2), Err(Error::InvalidArgument(_))));
+}
