@@ -185,7 +185,7 @@ fn the_join_crate_has_no_module_cycles() {
 
 #[test]
 fn backend_neutral_modules_never_name_the_gpu_backend() {
-    const NEUTRAL: &[&str] = &["call", "cpu", "bootstrap", "workspace", "flight", "observe", "nvtx"];
+    const NEUTRAL: &[&str] = &["call", "cpu", "bootstrap", "workspace", "flight", "observe", "nvtx", "hier"];
     const GPU: &[&str] = &["gpu", "diag"];
     check_neutral_modules_know_no_gpu(&collectives_sources(), COLLECTIVES_SRC, NEUTRAL, GPU).unwrap();
     for (path, text) in [
@@ -193,6 +193,7 @@ fn backend_neutral_modules_never_name_the_gpu_backend() {
         ("call/planted.rs", "use cudarc::driver::CudaStream;"),
         ("bootstrap/planted.rs", "use crate::diag::smoke;"),
         ("flight/planted.rs", "use crate::gpu::comm::Comm;"),
+        ("hier/planted.rs", "use crate::gpu::comm::Comm;"),
     ] {
         let mut planted = collectives_sources();
         planted.push(file(&format!("{COLLECTIVES_SRC}/{path}"), text));

@@ -114,6 +114,17 @@ pub enum Error {
     /// No plan could be made for the call with this communicator's resources.
     #[error("no plan for this call: {0}")]
     Plan(#[from] purlin_snac::DeriveError),
+    /// The NCCL step of a hierarchical communicator (`HierComm`) failed or did not settle in
+    /// time; its NCCL communicators were aborted and it is poisoned.
+    #[error("rank {rank}: NCCL {call} failed: {error}")]
+    Nccl {
+        /// This rank (global).
+        rank: usize,
+        /// The NCCL function.
+        call: &'static str,
+        /// NCCL's error, as text.
+        error: String,
+    },
 }
 
 impl Error {

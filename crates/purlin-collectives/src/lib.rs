@@ -9,13 +9,16 @@
 //!   [`Comm::from_env`] under torchrun. [`nccl`] is the drop-in module for `cudarc::nccl`.
 //! - [`CpuComm`]: the same calls on CPU threads over host memory, through the same verified
 //!   plans (what CI tests every collective with, without a GPU).
+//! - [`HierComm`]: a world across nodes — Purlin inside each node, NCCL between them
+//!   (docs/multi-node.md); [`CpuHierComm`] is its host twin.
 //! - [`snac`]: the protocol crate, to derive and verify plans offline.
 //!
 //! Inside, by concern: `call` (a user's call → a validated spec, tuning, the verification
 //! cache; backend-neutral), `bootstrap` (ranks meeting over threads or a Unix socket, [`Id`],
 //! torchrun's environment), `workspace` (the symmetric workspace's layout and set-up
 //! protocol), `gpu` (`Comm`, the device executor, the kernel catalogue, CUDA IPC), `cpu`
-//! (`CpuComm`, the host executor), `diag` (diagnostics for tests and tools).
+//! (`CpuComm`, the host executor), `hier` (the hierarchy across nodes, backend-neutral, and
+//! its host twin), `diag` (diagnostics for tests and tools).
 //!
 //! ```
 //! use purlin_collectives::{CpuComm, ReduceOp};
@@ -45,6 +48,7 @@ mod diag;
 mod error;
 mod flight;
 mod gpu;
+mod hier;
 pub mod nccl;
 #[cfg(feature = "nvtx")]
 mod nvtx;
@@ -61,6 +65,9 @@ pub use gpu::comm::{
     CollectiveArgs, Comm, CommConfig, FusedCall, FusedKernel, FusedLaunch, Group, SymmetricBuffer, TeardownReport,
     group_end, group_start,
 };
+pub use gpu::hier::HierComm;
+pub use hier::HierShape;
+pub use hier::host::CpuHierComm;
 
 pub use purlin_snac as snac;
 pub use purlin_topo::{MAX_WORLD, device_count, driver_present};

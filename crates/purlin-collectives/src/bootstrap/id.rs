@@ -157,6 +157,8 @@ pub struct TorchEnv {
     pub world_size: usize,
     /// `LOCAL_RANK`: the GPU this process drives.
     pub local_rank: usize,
+    /// `LOCAL_WORLD_SIZE`: ranks on this node (`WORLD_SIZE` where unset: one node).
+    pub local_world_size: usize,
     /// `MASTER_ADDR`.
     pub master_addr: String,
     /// `MASTER_PORT` (never bound by Purlin: torchrun's store already serves there).
@@ -187,6 +189,10 @@ impl TorchEnv {
             rank: num(&get, "RANK")?,
             world_size: num(&get, "WORLD_SIZE")?,
             local_rank: num(&get, "LOCAL_RANK")?,
+            local_world_size: match get("LOCAL_WORLD_SIZE") {
+                Some(_) => num(&get, "LOCAL_WORLD_SIZE")?,
+                None => num(&get, "WORLD_SIZE")?,
+            },
             master_addr: get("MASTER_ADDR").ok_or(Error::Env {
                 var: "MASTER_ADDR",
                 problem: "not set (is this process started by torchrun?)".into(),
@@ -201,15 +207,26 @@ impl TorchEnv {
                 problem: format!("rank {} is not below WORLD_SIZE {}", env.rank, env.world_size),
             });
         }
-        if let Some(local_world) = get("LOCAL_WORLD_SIZE").and_then(|v| v.trim().parse::<usize>().ok()) {
-            if local_world != env.world_size {
-                return Err(Error::Unsupported(format!(
-                    "WORLD_SIZE {} spans several nodes (LOCAL_WORLD_SIZE {local_world}); Purlin is intra-node",
-                    env.world_size
-                )));
-            }
+        if env.local_world_size == 0 || env.local_world_size > env.world_size {
+            return Err(Error::Env {
+                var: "LOCAL_WORLD_SIZE",
+                problem: format!("{} with WORLD_SIZE {}", env.local_world_size, env.world_size),
+            });
         }
         Ok(env)
+    }
+
+    /// Refuses a world that spans nodes (`LOCAL_WORLD_SIZE` below `WORLD_SIZE`): one
+    /// single-kernel communicator is intra-node; `HierComm::from_env` composes nodes.
+    pub fn check_one_node(&self) -> Result<(), Error> {
+        if self.local_world_size != self.world_size {
+            return Err(Error::Unsupported(format!(
+                "WORLD_SIZE {} spans several nodes (LOCAL_WORLD_SIZE {}); Comm is intra-node: use HierComm::from_env \
+                 (Purlin inside each node, NCCL between nodes; docs/multi-node.md)",
+                self.world_size, self.local_world_size
+            )));
+        }
+        Ok(())
     }
 
     /// The GPU this process should drive, given how many it sees: `LOCAL_RANK`, or GPU 0
@@ -326,8 +343,21 @@ mod tests {
         assert!(matches!(TorchEnv::from_lookup(env(&bad)), Err(Error::Env { var: "RANK", .. })));
         bad[0] = ("RANK", "2");
         assert!(matches!(TorchEnv::from_lookup(env(&bad)), Err(Error::Env { var: "RANK", .. })));
+        // A world across nodes parses; a single-node communicator refuses it, naming the way.
         let mut multi_node = TORCH.to_vec();
         multi_node[3] = ("LOCAL_WORLD_SIZE", "1");
-        assert!(matches!(TorchEnv::from_lookup(env(&multi_node)), Err(Error::Unsupported(_))));
+        let across = TorchEnv::from_lookup(env(&multi_node)).unwrap();
+        assert_eq!(across.local_world_size, 1);
+        assert!(matches!(across.check_one_node(), Err(Error::Unsupported(m)) if m.contains("HierComm::from_env")));
+        TorchEnv::from_lookup(env(TORCH)).unwrap().check_one_node().unwrap();
+        let unset: Vec<_> = TORCH.iter().copied().filter(|(k, _)| *k != "LOCAL_WORLD_SIZE").collect();
+        assert_eq!(TorchEnv::from_lookup(env(&unset)).unwrap().local_world_size, 2, "unset: one node");
+        for bad in ["0", "3", "two"] {
+            multi_node[3] = ("LOCAL_WORLD_SIZE", bad);
+            assert!(
+                matches!(TorchEnv::from_lookup(env(&multi_node)), Err(Error::Env { var: "LOCAL_WORLD_SIZE", .. })),
+                "{bad}"
+            );
+        }
     }
 }

@@ -291,8 +291,9 @@ impl Comm {
         setup(stream, host, &config, Backend::Ipc(backend))
     }
 
-    /// Under torchrun: rank `RANK` of `WORLD_SIZE` on GPU `LOCAL_RANK`, on a new stream.
-    /// The ranks meet on a name derived from `MASTER_ADDR`, `MASTER_PORT` and
+    /// Under torchrun: rank `RANK` of `WORLD_SIZE` on GPU `LOCAL_RANK`, on a new stream. A world
+    /// that spans nodes is refused ([`Error::Unsupported`]): [`crate::HierComm::from_env`]
+    /// composes nodes. The ranks meet on a name derived from `MASTER_ADDR`, `MASTER_PORT` and
     /// `TORCHELASTIC_RUN_ID` (never on `MASTER_PORT` itself).
     pub fn from_env() -> Result<Self, Error> {
         let env = TorchEnv::from_process()?;
@@ -308,6 +309,7 @@ impl Comm {
     /// [`Comm::from_env`] on a given stream and with explicit settings.
     pub fn from_env_with_stream(stream: Arc<CudaStream>, config: CommConfig) -> Result<Self, Error> {
         let env = TorchEnv::from_process()?;
+        env.check_one_node()?;
         let seq = ENV_COMMS.fetch_add(1, Ordering::Relaxed);
         Self::from_rank_with_config(stream, env.rank, env.world_size, env.id(seq), config)
     }
