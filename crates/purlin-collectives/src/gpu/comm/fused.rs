@@ -167,8 +167,12 @@ impl FusedCall<'_> {
         }
         let mut rt = self.comm.runtime(self.input, self.output);
         self.peers.fill(&mut rt);
-        if self.prepared.plan.grid() > 0 {
+        let plan = &self.prepared.plan;
+        if plan.grid() > 0 {
             rt.call_number = self.comm.next_call_number();
+            // Numbered as Comm's own launches, so a hang report compares like with like.
+            let mut flight = self.comm.flight.lock().unwrap_or_else(|e| e.into_inner());
+            flight.start(&plan.spec, self.comm.rank as u32, plan.call_digest(), crate::flight::Executor::Gpu);
         }
         let words = {
             let (p, _record) = self.words.device_ptr(&self.comm.stream);
