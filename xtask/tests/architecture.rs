@@ -128,6 +128,39 @@ fn memory_ordering_code_lives_only_in_sync_cuh() {
     assert!(check_ordering_only_in_sync(&snac).is_err());
 }
 
+/// The executor's files that a fused kernel includes with its own block numbering.
+const FUSABLE_EXECUTOR: [&str; 2] = ["kernels/snac/exec.cuh", "kernels/snac/executor.cu"];
+
+/// Lines of `files` (those in [`FUSABLE_EXECUTOR`]) that read the launch's block index or grid
+/// directly, outside the `PURLIN_CALL_BLOCK`/`PURLIN_CALL_GRID` defaults.
+fn launch_numbering_outside_the_macros(files: &[SourceFile]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|f| FUSABLE_EXECUTOR.iter().any(|p| f.path.ends_with(p)))
+        .flat_map(|f| {
+            strip_comments(&f.text)
+                .lines()
+                .filter(|l| l.contains("blockIdx") || l.contains("gridDim"))
+                .filter(|l| !l.trim_start().starts_with("#define PURLIN_CALL_"))
+                .map(|l| format!("{}: {}", f.path, l.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn the_executor_numbers_its_blocks_only_through_purlin_call_block() {
+    let mut snac = kernels("kernels/snac");
+    assert_eq!(launch_numbering_outside_the_macros(&snac), Vec::<String>::new());
+    // Non-vacuity: both files are read, and the defaults are where the launch's numbering enters.
+    for p in FUSABLE_EXECUTOR {
+        let f = snac.iter().find(|f| f.path.ends_with(p)).unwrap_or_else(|| panic!("{p} not read"));
+        assert!(f.text.contains("PURLIN_CALL_BLOCK"), "{p} does not use PURLIN_CALL_BLOCK");
+    }
+    snac.push(file("kernels/snac/executor.cu", "__device__ void f() { u64 b = blockIdx.x; }\n"));
+    assert_eq!(launch_numbering_outside_the_macros(&snac).len(), 1);
+}
+
 #[test]
 fn no_nvlink_multicast_anywhere() {
     let root = xtask::workspace_root();
