@@ -51,7 +51,9 @@ pub use bootstrap::{Id, TorchEnv};
 pub use call::types::{DataType, NcclType, ReduceOp, Status};
 pub use cpu::{CallInfo, CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuGroup, CpuSymmetricBuffer, CpuType};
 pub use error::Error;
-pub use gpu::comm::{Comm, CommConfig, Group, SymmetricBuffer, TeardownReport, group_end, group_start};
+pub use gpu::comm::{
+    Comm, CommConfig, Group, OnStream, RawBuffer, SymmetricBuffer, TeardownReport, Untracked, group_end, group_start,
+};
 
 pub use purlin_snac as snac;
 pub use purlin_topo::{MAX_WORLD, device_count, driver_present};

@@ -134,6 +134,7 @@ impl Comm {
         if prepared.plan.grid() > 0 {
             rt.call_number = self.next_call_number(); // an empty call launches nothing, on every rank
         }
+        let stream = self.launch_stream()?;
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
         // offsets, checked by `collective_in_place`; 0 for a side of no bytes, which no step
@@ -142,8 +143,9 @@ impl Comm {
         // every rank's live workspace, mapped here until teardown, which synchronises first;
         // peer inputs and outputs are symmetric allocations of this communicator, mapped here
         // until teardown, each holding what the spec has every rank read or write there
-        // (`peer_buffers`), accessed by the plan only between the peer's entry and exit.
-        unsafe { self.exec.launch(&self.stream, &prepared.plan, &prepared.params, &rt) }?;
+        // (`peer_buffers`), accessed by the plan only between the peer's entry and exit. Raw
+        // buffers carry the same promises from their maker (`RawBuffer::from_raw`).
+        unsafe { self.exec.launch(&stream, &prepared.plan, &prepared.params, &rt) }?;
         Ok(Status::Success)
     }
 }

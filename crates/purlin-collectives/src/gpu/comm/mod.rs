@@ -26,12 +26,16 @@ mod config;
 pub(crate) mod diag;
 mod group;
 mod launch;
+mod raw;
 mod setup;
+mod stream;
 mod symmetric;
 
 pub use crate::workspace::TeardownReport;
 pub use config::{CommConfig, KernelRequest, LoadedKernel};
 pub use group::{Group, group_end, group_start};
+pub use raw::RawBuffer;
+pub use stream::{OnStream, Untracked};
 pub use symmetric::SymmetricBuffer;
 
 use group::refuse_in_open_group;
@@ -139,6 +143,8 @@ pub struct Comm {
     call_check: bool,
     /// Symmetric buffers, in allocation order (the same on every rank).
     symmetric: Mutex<Vec<SymmetricRecord>>,
+    /// The stream of the last launch ([`Comm::on_stream`]).
+    launches: stream::LaunchOrder,
     owner: Owner,
 }
 
@@ -404,6 +410,7 @@ impl Comm {
 
     fn teardown(&mut self) -> TeardownReport {
         // Every device wait is bounded, so this returns.
+        let _ = self.join_launches();
         let _ = self.stream.synchronize();
         let symmetric = std::mem::take(&mut *self.symmetric.lock().unwrap_or_else(|e| e.into_inner()));
         match std::mem::replace(&mut self.owner, Owner::Peer(None)) {

@@ -270,6 +270,7 @@ pub(super) fn setup(
         calls_launched: AtomicU64::new(0),
         call_check: config.call_check,
         symmetric: Mutex::new(vec![]),
+        launches: Default::default(),
         owner,
     };
     comm.host.barrier("set-up: final barrier")?;
