@@ -14,10 +14,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 use purlin_atom::{F8E4M3, F8E5M2};
-use purlin_collectives::{Comm, CpuComm, Error, Id, NcclType, RawBuffer, ReduceOp, SymmetricBuffer};
+use purlin_collectives::{Comm, CpuComm, CpuConfig, Error, Id, NcclType, RawBuffer, ReduceOp, SymmetricBuffer};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -563,9 +564,16 @@ fn cpu_call<T: purlin_collectives::CpuType>(comm: &CpuComm, a: &CallArgs) -> Res
 #[pymethods]
 impl PyCpuComm {
     /// A world of `world_size` ranks; rank `r` is the `r`-th, to be driven by its own thread.
+    /// `timeout`: seconds a rank waits for the others (default: the library's).
     #[staticmethod]
-    fn threads(world_size: usize) -> PyResult<Vec<Self>> {
-        let comms = CpuComm::threads(world_size).map_err(|e| to_py(e, None))?;
+    #[pyo3(signature = (world_size, timeout=None))]
+    fn threads(world_size: usize, timeout: Option<f64>) -> PyResult<Vec<Self>> {
+        let mut config = CpuConfig::default();
+        if let Some(seconds) = timeout {
+            config.timeout = Duration::try_from_secs_f64(seconds)
+                .map_err(|_| to_py(Error::InvalidArgument(format!("a timeout of {seconds} seconds")), None))?;
+        }
+        let comms = CpuComm::threads_with_config(world_size, config).map_err(|e| to_py(e, None))?;
         Ok(comms.into_iter().map(|c| PyCpuComm { comm: Arc::new(c) }).collect())
     }
 

@@ -45,6 +45,11 @@ from .cpu import CpuComm  # noqa: E402
 
 MAX_WORLD: int = _purlin.MAX_WORLD
 
+# Every Purlin exception has `rank` and `peer` (None where unknown or not about a peer);
+# Purlin's own errors set them, argument checks in Python leave these defaults.
+PurlinError.rank = None
+PurlinError.peer = None
+
 __all__ = [
     "Comm",
     "CpuComm",

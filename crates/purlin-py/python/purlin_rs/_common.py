@@ -111,13 +111,15 @@ class Collectives:
         raise NotImplementedError
 
     # -- helpers ------------------------------------------------------------------------------
-    def _pair(self, output, input, what: str, dtype=None) -> tuple[Buf, Buf]:
+    def _pair(self, output, input, what: str, dtype=None, in_place=None) -> tuple[Buf, Buf]:
+        """Output and input; they may overlap only as the call's in-place form lays them out
+        (``in_place(output, input)`` says whether they are)."""
         o = self._buffer(output, f"{what}: output", True, dtype)
         i = self._buffer(input, f"{what}: input", False, dtype)
         if o.dtype != i.dtype:
             raise InvalidArgumentError(f"{what}: input is {i.dtype}, output is {o.dtype}")
-        if o.overlaps(i) and o.address != i.address:
-            raise InvalidArgumentError(f"{what}: the output overlaps the input (pass the same buffer for in place)")
+        if o.overlaps(i) and not (in_place is not None and in_place(o, i)):
+            raise InvalidArgumentError(f"{what}: the output overlaps the input (use the call's in-place form)")
         return o, i
 
     # -- the collectives ----------------------------------------------------------------------
@@ -129,15 +131,18 @@ class Collectives:
             b = self._buffer(tensor, "all_reduce", True, dtype)
             self._launch("all_reduce_in_place", NONE, b, op=op)
             return tensor
-        o, i = self._pair(output, tensor, "all_reduce", dtype)
+        o, i = self._pair(output, tensor, "all_reduce", dtype, lambda o, i: (o.address, o.numel) == (i.address, i.numel))
         self._launch("all_reduce_in_place" if o.address == i.address else "all_reduce", i, o, op=op)
         return output
 
     def all_gather_into_tensor(self, output, input, *, dtype=None):
         """AllGather: ``output`` holds ``world_size`` × ``input``, rank r's at part r. In place
         when ``input`` is part ``rank`` of ``output`` (torch's convention)."""
-        o, i = self._pair(output, input, "all_gather_into_tensor", dtype)
-        if i.address == o.address + self.rank * i.numel * i.itemsize and o.numel == i.numel * self.world_size:
+        def in_place(o: Buf, i: Buf) -> bool:
+            return i.address == o.address + self.rank * i.numel * i.itemsize and o.numel == i.numel * self.world_size
+
+        o, i = self._pair(output, input, "all_gather_into_tensor", dtype, in_place)
+        if in_place(o, i):
             self._launch("all_gather_in_place", NONE, o)
         else:
             self._launch("all_gather", i, o)
@@ -147,8 +152,11 @@ class Collectives:
         """ReduceScatter: ``input`` holds ``world_size`` × ``output``; rank r receives the
         reduction of part r. In place when ``output`` is part ``rank`` of ``input``."""
         op = op_name(op)
-        o, i = self._pair(output, input, "reduce_scatter_tensor", dtype)
-        if o.address == i.address + self.rank * o.numel * o.itemsize and i.numel == o.numel * self.world_size:
+        def in_place(o: Buf, i: Buf) -> bool:
+            return o.address == i.address + self.rank * o.numel * o.itemsize and i.numel == o.numel * self.world_size
+
+        o, i = self._pair(output, input, "reduce_scatter_tensor", dtype, in_place)
+        if in_place(o, i):
             self._launch("reduce_scatter_in_place", NONE, i, op=op)
         else:
             self._launch("reduce_scatter", i, o, op=op)
@@ -171,13 +179,16 @@ class Collectives:
             return output
         send = splits(input_split_sizes, i.numel, w, "all_to_all_single: input_split_sizes")
         recv = splits(output_split_sizes, o.numel, w, "all_to_all_single: output_split_sizes")
-        matrix = [_unpack(row) for row in self._exchange(_pack(send))]
-        for s in range(w):
-            if matrix[s][self.rank] != recv[s]:
-                raise InvalidArgumentError(
-                    f"all_to_all_single: rank {self.rank} expects {recv[s]} elements from rank {s}, "
-                    f"which sends {matrix[s][self.rank]}"
-                )
+        rows = [_unpack(row) for row in self._exchange(_pack(send + recv))]
+        matrix = [row[:w] for row in rows]
+        # Every rank checks every pair, so all of them refuse a disagreement, none waits.
+        for d in range(w):
+            for s in range(w):
+                if rows[d][w + s] != matrix[s][d]:
+                    raise InvalidArgumentError(
+                        f"all_to_all_single: rank {d} expects {rows[d][w + s]} elements from rank {s}, "
+                        f"which sends {matrix[s][d]}"
+                    )
         self._launch("all_to_all_v", i, o, matrix=matrix)
         return output
 

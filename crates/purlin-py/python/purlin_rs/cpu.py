@@ -62,15 +62,16 @@ class CpuComm(Collectives):
 
     @classmethod
     def threads(cls, world_size: int, *, timeout: float = 60.0) -> list["CpuComm"]:
-        """A world of ``world_size`` ranks; drive rank r from its own thread (see :meth:`run`)."""
+        """A world of ``world_size`` ranks; drive rank r from its own thread (see :meth:`run`).
+        ``timeout``: seconds a rank waits for the others before raising."""
         shared = _World(int(world_size), timeout)
-        return [cls(c, shared) for c in _purlin.CpuComm.threads(int(world_size))]
+        return [cls(c, shared) for c in _purlin.CpuComm.threads(int(world_size), float(timeout))]
 
     @staticmethod
-    def run(world_size: int, fn: Callable[["CpuComm"], T]) -> list[T]:
+    def run(world_size: int, fn: Callable[["CpuComm"], T], *, timeout: float = 60.0) -> list[T]:
         """Runs ``fn(comm)`` on every rank of a new world, one thread each; returns the results
         in rank order, or raises the first rank's exception."""
-        comms = CpuComm.threads(world_size)
+        comms = CpuComm.threads(world_size, timeout=timeout)
         results: list = [None] * world_size
         errors: list = [None] * world_size
 
