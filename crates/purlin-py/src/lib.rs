@@ -3,9 +3,9 @@
 //!
 //! Two communicators, over raw addresses that the Python layer takes from its tensors and
 //! arrays (`tensor.data_ptr()`, numpy's array interface) after checking them (device, dtype,
-//! contiguity, writability): [`PyComm`] over [`purlin_collectives::Comm`], each call on the
+//! contiguity, writability): `Comm` over [`purlin_collectives::Comm`], each call on the
 //! CUDA stream the caller names (PyTorch's current stream, [`Comm::on_stream`]), and
-//! [`PyCpuComm`] over [`purlin_collectives::CpuComm`], ranks as threads of one process. Every
+//! `CpuComm` over [`purlin_collectives::CpuComm`], ranks as threads of one process. Every
 //! call releases the GIL while Rust works or waits. Errors become the exception classes of
 //! [`errors`], carrying the rank and the peer.
 //!
