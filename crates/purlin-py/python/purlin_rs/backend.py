@@ -66,6 +66,11 @@ class PurlinProcessGroup(dist.ProcessGroup):
             self._comm = Comm.from_store(self._store, self._rank, self._size)
         return self._comm
 
+    def close(self) -> None:
+        """Tears Purlin's communicator down (every rank calls it; also done at exit)."""
+        if self._comm is not None:
+            self._comm.close()
+
     def getBackendName(self) -> str:
         return NAME
 

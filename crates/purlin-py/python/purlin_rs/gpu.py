@@ -13,7 +13,9 @@ every peer: collectives whose buffers are such tensors, whole, take the one-copy
 
 from __future__ import annotations
 
+import atexit
 import os
+import weakref
 
 
 import torch
@@ -67,8 +69,22 @@ class _SymmetricView:
             "data": (mem.address, False),
             "version": 3,
             "strides": None,
-            "stream": None,
         }
+
+
+# The communicators alive, in creation order. Teardown meets the peers, so ranks must tear
+# down their communicators in the same order: at exit, in creation order (the same on every
+# rank: making one is a collective call), not in the interpreter's order of collection.
+_LIVE: list = []
+
+
+@atexit.register
+def _close_all() -> None:
+    for ref in list(_LIVE):
+        comm = ref()
+        if comm is not None:
+            comm._inner.close()
+    _LIVE.clear()
 
 
 class Comm(Collectives):
@@ -79,6 +95,7 @@ class Comm(Collectives):
         self.rank: int = inner.rank
         self.world_size: int = inner.world_size
         self.device = torch.device("cuda", inner.device)
+        _LIVE.append(weakref.ref(self))
 
     # -- construction -------------------------------------------------------------------------
     @classmethod

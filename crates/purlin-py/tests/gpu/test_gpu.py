@@ -58,8 +58,13 @@ def comm():
 @pytest.fixture(scope="module")
 def world_group():
     if not dist.is_initialized():
-        dist.init_process_group("cpu:gloo,cuda:purlin", device_id=None)
+        dist.init_process_group("cpu:gloo,cuda:purlin")
     yield dist.group.WORLD
+
+
+@pytest.fixture(scope="module")
+def gloo_group(world_group):
+    return dist.new_group(backend="gloo")
 
 
 N = 1000
@@ -200,8 +205,10 @@ def test_cuda_graph(comm):
 
 
 def test_torch_compile(comm):
+    h = ops.handle(comm)
+
     def step(a):
-        return ops.all_reduce(a * 2, comm) + 1
+        return torch.ops.purlin.all_reduce(a * 2, h, "sum") + 1
 
     compiled = torch.compile(step, fullgraph=True)
     x = on_gpu(inputs(RANK, N), torch.float32)
@@ -213,8 +220,8 @@ def test_wrong_device_is_refused(comm):
         comm.all_reduce(torch.ones(4))
 
 
-def test_compat(world_group):
-    h = compat.initialize(world_group, DEVICE, None, torch.cuda.current_stream().cuda_stream)
+def test_compat(gloo_group):
+    h = compat.initialize(gloo_group, DEVICE, None, torch.cuda.current_stream().cuda_stream)
     x = on_gpu(inputs(RANK, N), torch.float32)
     out = poison(N, torch.float32)
     compat.all_reduce(x, out, h, torch.cuda.current_stream().cuda_stream, reduction_mode="sum")

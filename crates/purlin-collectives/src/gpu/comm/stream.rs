@@ -104,7 +104,9 @@ fn order_after(prev: &CudaStream, next: &CudaStream) -> Result<(), Error> {
 impl Comm {
     /// A handle whose calls run on `stream` (a stream of this communicator's GPU, e.g. one
     /// from `CudaContext::wrap_borrowed_stream` over PyTorch's current stream), ordered after
-    /// this communicator's earlier calls on any stream (see the module docs).
+    /// this communicator's earlier calls on any stream (see the module docs). The communicator
+    /// keeps the stream of its last launch to order the next one: a borrowed stream must stay
+    /// alive until a call on another stream, or teardown, follows its last call.
     pub fn on_stream<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<OnStream<'a>, Error> {
         if stream.context().ordinal() != self.ordinal() {
             return Err(Error::InvalidArgument(format!(
