@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 use purlin_atom::{F8E4M3, F8E5M2};
-use purlin_collectives::{Comm, CpuComm, CpuConfig, Error, Id, NcclType, RawBuffer, ReduceOp, SymmetricBuffer};
+use purlin_collectives::{
+    Comm, CommConfig, CpuComm, CpuConfig, Error, Id, NcclType, RawBuffer, ReduceOp, SymmetricBuffer,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -297,6 +299,16 @@ impl PyComm {
     }
 }
 
+/// A new stream on GPU `device`'s primary context (PyTorch's too), for the communicator's own
+/// work (teardown); calls run on the streams their callers name.
+fn new_stream(device: usize) -> Result<Arc<CudaStream>, Error> {
+    if !purlin_collectives::driver_present() {
+        return Err(purlin_topo::TopoError::NoDriver.into());
+    }
+    let ctx = CudaContext::new(device).map_err(|error| Error::Driver { call: "cuDevicePrimaryCtxRetain", error })?;
+    ctx.new_stream().map_err(|error| Error::Driver { call: "cuStreamCreate", error })
+}
+
 fn gpu_call<T: NcclType>(comm: &Comm, stream: &Arc<CudaStream>, a: &CallArgs) -> Result<(), Error> {
     let on = comm.on_stream(stream)?;
     // SAFETY: the Python layer passes the address and element count of live, contiguous
@@ -333,11 +345,21 @@ fn gpu_call<T: NcclType>(comm: &Comm, stream: &Arc<CudaStream>, a: &CallArgs) ->
 
 #[pymethods]
 impl PyComm {
-    /// Under torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`; with
-    /// `PURLIN_SHARED_GPU=1` every rank on GPU 0). Returns once every rank is set up.
+    /// Under torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`) on GPU
+    /// `device` (default: the library's choice from `LOCAL_RANK`). Returns once every rank is
+    /// set up.
     #[staticmethod]
-    fn from_env(py: Python<'_>) -> PyResult<Self> {
-        py.detach(Comm::from_env).map(PyComm::new).map_err(|e| to_py(e, None))
+    #[pyo3(signature = (device=None))]
+    fn from_env(py: Python<'_>, device: Option<usize>) -> PyResult<Self> {
+        py.detach(|| match device {
+            None => Comm::from_env(),
+            Some(device) => {
+                let stream = new_stream(device)?;
+                Comm::from_env_with_stream(stream, CommConfig::from_env()?)
+            }
+        })
+        .map(PyComm::new)
+        .map_err(|e| to_py(e, None))
     }
 
     /// Rank `rank` of `world_size` on GPU `device`, meeting the others on `id` (the bytes of
@@ -345,14 +367,9 @@ impl PyComm {
     #[staticmethod]
     fn from_id(py: Python<'_>, id: &[u8], rank: usize, world_size: usize, device: usize) -> PyResult<Self> {
         let id = Id::from_bytes(id).map_err(|e| to_py(e, Some(rank)))?;
-        py.detach(|| {
-            let ctx =
-                CudaContext::new(device).map_err(|error| Error::Driver { call: "cuDevicePrimaryCtxRetain", error })?;
-            let stream = ctx.new_stream().map_err(|error| Error::Driver { call: "cuStreamCreate", error })?;
-            Comm::from_rank(stream, rank, world_size, id)
-        })
-        .map(PyComm::new)
-        .map_err(|e| to_py(e, Some(rank)))
+        py.detach(|| Comm::from_rank(new_stream(device)?, rank, world_size, id))
+            .map(PyComm::new)
+            .map_err(|e| to_py(e, Some(rank)))
     }
 
     /// This rank.

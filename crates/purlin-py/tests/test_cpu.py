@@ -398,3 +398,16 @@ def test_compat_argument_checks():
     h.open = False
     with pytest.raises(purlin_rs.InvalidArgumentError, match="finalized"):
         compat.all_reduce(x, x, h, None)
+
+
+@pytest.mark.skipif(purlin_rs.driver_present(), reason="checks the machine without a CUDA driver (CI)")
+def test_gpu_communicators_without_a_driver_raise_setup_errors():
+    from purlin_rs import _purlin
+
+    with pytest.raises(purlin_rs.SetupError, match="no CUDA driver") as e:
+        _purlin.Comm.from_id(purlin_rs.new_id(), 0, 2, 0)
+    assert e.value.rank == 0
+    with pytest.raises(purlin_rs.SetupError, match="no CUDA driver"):
+        _purlin.Comm.from_env(0)
+    with pytest.raises(purlin_rs.InvalidArgumentError):
+        _purlin.Comm.from_id(b"short", 0, 2, 0)

@@ -57,6 +57,16 @@ def default_device() -> int:
     return torch.cuda.current_device()
 
 
+def _device_index(device) -> int:
+    """A GPU ordinal from a device (``torch.device``, ``"cuda:1"``, an int) or the default."""
+    if device is None:
+        return default_device()
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
 class _SymmetricView:
     """Presents symmetric memory to ``torch.as_tensor`` (``__cuda_array_interface__``) and keeps
     it held for as long as any tensor over it lives."""
@@ -99,10 +109,11 @@ class Comm(Collectives):
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def from_env(cls) -> "Comm":
-        """Under torchrun: rank ``RANK`` of ``WORLD_SIZE`` on GPU ``LOCAL_RANK`` (GPU 0 for
-        every rank with ``PURLIN_SHARED_GPU=1``). Returns once every rank is set up."""
-        return cls(_purlin.Comm.from_env())
+    def from_env(cls, device=None) -> "Comm":
+        """Under torchrun: rank ``RANK`` of ``WORLD_SIZE`` on ``device`` (default:
+        :func:`default_device`, so GPU ``LOCAL_RANK``, or GPU 0 for every rank with
+        ``PURLIN_SHARED_GPU=1``). Returns once every rank is set up."""
+        return cls(_purlin.Comm.from_env(_device_index(device)))
 
     @classmethod
     def from_group(cls, group=None, device=None) -> "Comm":
@@ -113,10 +124,7 @@ class Comm(Collectives):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         box = [_purlin.new_id() if rank == 0 else None]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        index = torch.device(device).index if device is not None else default_device()
-        if index is None:
-            index = torch.cuda.current_device()
-        return cls(_purlin.Comm.from_id(box[0], rank, world, index))
+        return cls(_purlin.Comm.from_id(box[0], rank, world, _device_index(device)))
 
     @classmethod
     def from_store(cls, store, rank: int, world_size: int, device=None, prefix: str = "purlin") -> "Comm":
@@ -126,8 +134,7 @@ class Comm(Collectives):
         if rank == 0:
             store.set(key, _purlin.new_id())
         ident = bytes(store.get(key))
-        index = torch.device(device).index if device is not None else default_device()
-        return cls(_purlin.Comm.from_id(ident, rank, world_size, index))
+        return cls(_purlin.Comm.from_id(ident, rank, world_size, _device_index(device)))
 
     # -- symmetric memory ---------------------------------------------------------------------
     def empty(self, *size, dtype=torch.float32) -> torch.Tensor:

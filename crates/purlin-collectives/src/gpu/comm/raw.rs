@@ -21,7 +21,6 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDro
 /// on the stream that wrote the data, as PyTorch's current stream does).
 ///
 /// ```no_run
-/// use cudarc::driver::CudaContext;
 /// use purlin_collectives::{Comm, RawBuffer, ReduceOp};
 ///
 /// let comm = Comm::from_env()?;
