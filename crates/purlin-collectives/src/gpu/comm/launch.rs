@@ -134,7 +134,7 @@ impl Comm {
         if prepared.plan.grid() > 0 {
             rt.call_number = self.next_call_number(); // an empty call launches nothing, on every rank
         }
-        let stream = self.launch_stream()?;
+        let (stream, _in_order) = self.launch_stream()?;
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
         // offsets, checked by `collective_in_place`; 0 for a side of no bytes, which no step

@@ -24,7 +24,7 @@
 //! another thread's calls on the same communicator keep theirs.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, sys};
 
@@ -50,6 +50,9 @@ impl<T> Untracked for SymmetricBuffer<T> {}
 pub(crate) struct LaunchOrder {
     last: Mutex<Option<Arc<CudaStream>>>,
 }
+
+/// Held while a launch is enqueued: the next launch orders after it.
+pub(super) type LastLaunch<'a> = MutexGuard<'a, Option<Arc<CudaStream>>>;
 
 thread_local! {
     /// The stream the calling thread's calls on one communicator (by address) launch on.
@@ -120,8 +123,10 @@ impl Comm {
     }
 
     /// The stream the call being made launches on (the calling thread's [`OnStream`] stream
-    /// for this communicator, else [`Comm::stream`]), ordered after the previous launch.
-    pub(super) fn launch_stream(&self) -> Result<Arc<CudaStream>, Error> {
+    /// for this communicator, else [`Comm::stream`]), ordered after the previous launch; the
+    /// guard keeps other threads' launches out until this one is enqueued, so "previous" is
+    /// exact.
+    pub(super) fn launch_stream(&self) -> Result<(Arc<CudaStream>, LastLaunch<'_>), Error> {
         let me = self as *const Comm as usize;
         let scoped = LAUNCH_ON.with(|cell| cell.borrow().as_ref().filter(|(c, _)| *c == me).map(|(_, s)| s.clone()));
         let next = scoped.unwrap_or_else(|| self.stream.clone());
@@ -130,7 +135,7 @@ impl Comm {
             order_after(prev, &next)?;
         }
         *last = Some(next.clone());
-        Ok(next)
+        Ok((next, last))
     }
 
     /// Orders [`Comm::stream`] after the last launch, so that synchronising it waits for
