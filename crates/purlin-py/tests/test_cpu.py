@@ -4,6 +4,7 @@ module's argument checks. Needs numpy and pytest; no GPU, no torch."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -411,3 +412,19 @@ def test_gpu_communicators_without_a_driver_raise_setup_errors():
         _purlin.Comm.from_env(0)
     with pytest.raises(purlin_rs.InvalidArgumentError):
         _purlin.Comm.from_id(b"short", 0, 2, 0)
+
+
+def test_nvrtc_dir_comes_from_the_wheel_unless_set(tmp_path, monkeypatch):
+    from purlin_rs import _nvrtc
+
+    lib = tmp_path / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnvrtc.so.13").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "nvidia" or m.startswith("nvidia.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delenv(_nvrtc.ENV, raising=False)
+    assert _nvrtc.configure() == str(lib)
+    assert os.environ[_nvrtc.ENV] == str(lib)
+    monkeypatch.setenv(_nvrtc.ENV, "/elsewhere")
+    assert _nvrtc.configure() == "/elsewhere", "a set PURLIN_NVRTC_DIR wins"
