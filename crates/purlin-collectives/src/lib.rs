@@ -62,8 +62,8 @@ pub use cpu::{CallInfo, CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuGroup, C
 pub use error::Error;
 pub use flight::{Executor, FLIGHT_CALLS, FlightEntry, FlightRecorder, HangReport, RankCall};
 pub use gpu::comm::{
-    CollectiveArgs, Comm, CommConfig, FusedCall, FusedKernel, FusedLaunch, Group, SymmetricBuffer, TeardownReport,
-    group_end, group_start,
+    CollectiveArgs, Comm, CommConfig, FusedCall, FusedKernel, FusedLaunch, Group, OnStream, RawBuffer, SymmetricBuffer,
+    TeardownReport, Untracked, group_end, group_start,
 };
 pub use gpu::hier::HierComm;
 pub use hier::HierShape;

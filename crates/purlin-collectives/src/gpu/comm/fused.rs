@@ -365,6 +365,8 @@ impl FusedLaunch<'_> {
                 if comm.gpu_sharing > 1 { ", split among the ranks sharing it" } else { "" }
             )));
         }
+        // Fused launches run on the communicator's stream, after its last launch on any stream.
+        comm.join_launches()?;
         // SAFETY: the first argument is the call's `CollectiveArgs` (checked above), whose
         // pointers are this call's buffers (borrowed for the call's life), the communicator's
         // live workspace and the plan's uploaded words; the grid holds every contracted block,

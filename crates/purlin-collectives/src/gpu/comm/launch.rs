@@ -149,11 +149,13 @@ impl Comm {
     ) -> Result<Status, Error> {
         let plan = &prepared.plan;
         let span = CallSpan::enter(self.rank, &plan.spec, "gpu");
-        span.planned(plan, plan.one_copy, plan.resources.alias.is_some(), || is_capturing(&self.stream));
         if let Some(why) = self.poison.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             tracing::debug!(rank = self.rank, error = %why, "call refused: the communicator is poisoned");
             return Err(self.reported(Error::Poisoned(why)));
         }
+        // The stream first: a call that cannot be ordered takes no call number.
+        let (stream, _in_order) = self.launch_stream()?;
+        span.planned(plan, plan.one_copy, plan.resources.alias.is_some(), || is_capturing(&stream));
         let mut rt = self.runtime(input, output);
         peers.fill(&mut rt);
         let mut number = None;
@@ -172,8 +174,9 @@ impl Comm {
         // every rank's live workspace, mapped here until teardown, which synchronises first;
         // peer inputs and outputs are symmetric allocations of this communicator, mapped here
         // until teardown, each holding what the spec has every rank read or write there
-        // (`peer_buffers`), accessed by the plan only between the peer's entry and exit.
-        let launched = unsafe { self.exec.launch(&self.stream, &prepared.plan, &prepared.params, &rt) };
+        // (`peer_buffers`), accessed by the plan only between the peer's entry and exit. Raw
+        // buffers carry the same promises from their maker (`RawBuffer::from_raw`).
+        let launched = unsafe { self.exec.launch(&stream, &prepared.plan, &prepared.params, &rt) };
         if let (Err(_), Some(n)) = (&launched, number) {
             self.flight.lock().unwrap_or_else(|e| e.into_inner()).finish(n, false);
         }

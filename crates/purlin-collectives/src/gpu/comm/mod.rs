@@ -27,13 +27,17 @@ pub(crate) mod diag;
 mod fused;
 mod group;
 mod launch;
+mod raw;
 mod setup;
+mod stream;
 mod symmetric;
 
 pub use crate::workspace::TeardownReport;
 pub use config::{CommConfig, KernelRequest, LoadedKernel};
 pub use fused::{CollectiveArgs, FusedCall, FusedKernel, FusedLaunch, fused_unit};
 pub use group::{Group, group_end, group_start};
+pub use raw::RawBuffer;
+pub use stream::{OnStream, Untracked};
 pub use symmetric::SymmetricBuffer;
 
 use collectives::in_place_offsets;
@@ -150,6 +154,8 @@ pub struct Comm {
     /// Ranks of this communicator on this GPU (`CommConfig::shared_gpu`), which split its
     /// co-resident blocks.
     gpu_sharing: u32,
+    /// The stream of the last launch ([`Comm::on_stream`]).
+    launches: stream::LaunchOrder,
     owner: Owner,
 }
 
@@ -481,6 +487,7 @@ impl Comm {
 
     fn teardown(&mut self) -> TeardownReport {
         // Every device wait is bounded, so this returns.
+        let _ = self.join_launches();
         let _ = self.stream.synchronize();
         let symmetric = std::mem::take(&mut *self.symmetric.lock().unwrap_or_else(|e| e.into_inner()));
         match std::mem::replace(&mut self.owner, Owner::Peer(None)) {

@@ -287,6 +287,7 @@ pub(super) fn setup(
         symmetric: Mutex::new(vec![]),
         kernel_cache: cache,
         gpu_sharing: sharing,
+        launches: Default::default(),
         owner,
     };
     comm.host.barrier("set-up: final barrier")?;

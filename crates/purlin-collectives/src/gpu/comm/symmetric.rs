@@ -248,7 +248,8 @@ impl Comm {
         drop(mem);
         // Every rank's kernels on it end before any rank frees it: each waits for its own,
         // then meets the others.
-        let synced = self.stream.synchronize().map_err(driver("cuStreamSynchronize"));
+        let synced =
+            self.join_launches().and_then(|()| self.stream.synchronize().map_err(driver("cuStreamSynchronize")));
         match (&self.owner, record.alloc) {
             (_, Some((alloc, mut backend))) => {
                 if let Err(e) = synced {
