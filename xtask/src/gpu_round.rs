@@ -9,7 +9,7 @@ use xtask::workspace_root;
 use crate::{cargo, ensure_nvrtc, kernels::compile_all, run};
 
 /// Test executables a `--lean` round keeps: the collectives' GPU tests.
-const LEAN_TESTS: [&str; 8] = [
+const LEAN_TESTS: [&str; 11] = [
     "gpu_comm",
     "gpu_collectives",
     "gpu_conformance",
@@ -18,6 +18,9 @@ const LEAN_TESTS: [&str; 8] = [
     "gpu_smoke",
     "gpu_nccl_drop_in",
     "gpu_fused",
+    "gpu_on_stream",
+    "gpu_flight_recorder",
+    "gpu_hier",
 ];
 
 /// Programs a `--lean` round keeps.
