@@ -137,6 +137,7 @@ enum Op {
     Write { word: Arc<HostWord>, value: u64 },
     WriteFrom { word: Arc<HostWord>, from: Arc<HostWord> },
     Wait { word: Arc<HostWord>, target: u64, condition: WaitCondition },
+    Call(Box<dyn FnOnce() + Send>),
 }
 
 // SAFETY: the raw pointers of a queued copy are only dereferenced by the engine's thread,
@@ -265,6 +266,14 @@ impl HostCopyEngine {
         self.enqueue(Op::Wait { word: word.clone(), target, condition })
     }
 
+    /// Queues `f`, run on the engine's thread once every earlier operation has completed
+    /// (the twin of `cuLaunchHostFunc`): the copies before it happen-before whatever `f`
+    /// does, so an executor can publish its own flag words (a release store and a wake-up)
+    /// as a copy's completion.
+    pub fn call(&self, f: impl FnOnce() + Send + 'static) -> Result<(), HostCopyError> {
+        self.enqueue(Op::Call(Box::new(f)))
+    }
+
     /// Blocks until every queued operation has run (or been skipped after a failure);
     /// returns the failure if there was one.
     pub fn synchronize(&self) -> Result<(), HostCopyError> {
@@ -330,6 +339,10 @@ fn execute(op: Op, timeout: Duration) -> Option<HostCopyError> {
         }
         Op::WriteFrom { word, from } => {
             word.store(from.load());
+            None
+        }
+        Op::Call(f) => {
+            f();
             None
         }
         Op::Wait { word, target, condition } => match word.wait(target, condition, timeout) {

@@ -200,6 +200,31 @@ fn write_value_from_writes_the_value_held_when_it_runs() {
     assert_eq!(word.load(), 41);
 }
 
+#[test]
+fn a_queued_call_runs_after_the_copies_before_it() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let engine = HostCopyEngine::with_timeout(WAIT);
+    let src = Rng::new(3).bytes(100_003);
+    let mut dst = vec![POISON; src.len()];
+    let at = Addr::of(&mut dst);
+    let flag = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    // SAFETY: both buffers outlive the engine's work (synchronized below); the call reads
+    // `dst` on the engine's own thread, after the copy.
+    unsafe { engine.copy(at.ptr(), src.as_ptr(), src.len()) }.unwrap();
+    let (f, s) = (flag.clone(), seen.clone());
+    engine
+        .call(move || {
+            // SAFETY: the copy before this call has completed; nothing else writes `dst`.
+            *s.lock().unwrap() = Some(unsafe { at.read() });
+            f.store(9, Ordering::Release);
+        })
+        .unwrap();
+    engine.synchronize().unwrap();
+    assert_eq!(flag.load(Ordering::Acquire), 9);
+    assert!(seen.lock().unwrap().as_deref() == Some(&src[..]), "the call ran before the copy completed");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
