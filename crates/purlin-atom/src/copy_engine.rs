@@ -226,11 +226,14 @@ impl CopyEngine {
                 srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
                 srcLocHint: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 },
                 dstLocHint: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 },
-                flags: 0,
+                // Copies within one GPU may otherwise run on SMs; peer copies take the
+                // copy engines anyway.
+                flags: sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32,
             }];
             let mut attr_index = [0usize];
             // SAFETY: the three arrays hold `live.len()` entries each; one attribute applies
-            // from copy 0 (stream-ordered source access, no location hints); the stream is
+            // from copy 0 (stream-ordered source access, no location hints, copy engines
+            // preferred); the stream is
             // live and of this context (bound above); the caller vouches for the ranges.
             let status = unsafe {
                 sys::cuMemcpyBatchAsync_v2(
