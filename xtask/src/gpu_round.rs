@@ -9,7 +9,7 @@ use xtask::workspace_root;
 use crate::{cargo, ensure_nvrtc, kernels::compile_all, run};
 
 /// Test executables a `--lean` round keeps: the collectives' GPU tests.
-const LEAN_TESTS: [&str; 11] = [
+const LEAN_TESTS: [&str; 12] = [
     "gpu_comm",
     "gpu_collectives",
     "gpu_conformance",
@@ -21,6 +21,7 @@ const LEAN_TESTS: [&str; 11] = [
     "gpu_on_stream",
     "gpu_flight_recorder",
     "gpu_hier",
+    "gpu_copy_engine",
 ];
 
 /// Programs a `--lean` round keeps.
