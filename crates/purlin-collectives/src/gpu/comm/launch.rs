@@ -131,9 +131,9 @@ impl Comm {
         }
         let mut rt = self.runtime(input, output);
         peers.fill(&mut rt);
-        if prepared.plan.grid() > 0 {
-            rt.call_number = self.next_call_number(); // an empty call launches nothing, on every rank
-        }
+        // An empty call launches the call check's block alone (so a rank whose call is empty
+        // while its peers' is not fails with them); with the check off, nothing.
+        rt.call_number = self.next_call_number();
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
         // offsets, checked by `collective_in_place`; 0 for a side of no bytes, which no step
