@@ -244,7 +244,12 @@ fn reading_roles(spec: &CollectiveSpec) -> u32 {
 /// Ties go to the writers (with 4 writers a 256 MiB AllGather pushed at 27 GB/s per block,
 /// against 43 with 8: round 44). A 256 MiB AllGather at world 2 on 16 blocks: 6 writers,
 /// 10 readers; an AllReduce: 7 and 9.
-pub fn role_split(spec: &CollectiveSpec, in_place: bool, cap: u32) -> (u32, u32) {
+///
+/// The split is a function of the spec alone, never of this rank's form: NCCL lets each rank
+/// call in place or not, and every rank must derive the same block counts (a rank's in-place
+/// split once differed from its peers' out-of-place one, so their flags never met). The
+/// traffic counted is the out-of-place call's.
+pub fn role_split(spec: &CollectiveSpec, cap: u32) -> (u32, u32) {
     let roles = reading_roles(spec);
     let cap = cap.max(1 + roles);
     let world = f64::from(spec.world);
@@ -253,10 +258,8 @@ pub fn role_split(spec: &CollectiveSpec, in_place: bool, cap: u32) -> (u32, u32)
         let (input, output) = (spec.input_bytes(rank) as f64, spec.output_bytes(rank) as f64);
         let (w, r) = match spec.collective {
             // Writers push the rank's part to every peer; readers copy every part out of
-            // staging, and the rank's own part from the input unless it is already in place.
-            Collective::AllGather | Collective::AllGatherV => {
-                (2.0 * (world - 1.0) * input, 2.0 * (output - if in_place { input } else { 0.0 }))
-            }
+            // staging, and the rank's own part from the input (out of place).
+            Collective::AllGather | Collective::AllGatherV => (2.0 * (world - 1.0) * input, 2.0 * output),
             Collective::AllToAll | Collective::AllToAllV => (2.0 * input * (world - 1.0) / world, 2.0 * output),
             // Writers push the peers' shards; readers reduce `world` sources into the rank's.
             Collective::ReduceScatter | Collective::ReduceScatterV => {
@@ -314,7 +317,7 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
             let own = if spec.collective.consume_op() == ConsumeOp::Gather { 2 } else { 1 };
             blocks = blocks.min((max / own).max(1));
         } else if blocks + reading_roles(spec) * consumer_blocks.unwrap_or(blocks) > max {
-            let (writers, readers) = role_split(spec, in_place, max);
+            let (writers, readers) = role_split(spec, max);
             blocks = writers;
             consumer_blocks = Some(readers);
         }
@@ -416,8 +419,12 @@ pub fn plan_and_config(
     }
 }
 
-/// [`plan_and_config`] with fewer blocks per role while `fits` rejects the plan (e.g. a
+/// [`plan_and_config`] with fewer blocks per role while `fits` rejects a plan (e.g. a
 /// parameter block larger than the executor's), halving down to one block.
+///
+/// Whether to halve is decided on every rank's plan in both forms (in place or not, where the
+/// collective has an in-place form), never on this rank's alone: every rank must take the same
+/// block counts, and a rank cannot know which form its peers chose.
 pub fn plan_fitting(
     spec: &CollectiveSpec,
     rank: u32,
@@ -433,7 +440,7 @@ pub fn plan_fitting(
             && t.consumer_blocks_per_role.is_none_or(|n| n <= 1)
             && t.latency_max_blocks.is_some_and(|n| n <= 1)
             && t.one_copy_blocks <= 1;
-        if fits(&plan) || smallest {
+        if smallest || every_form_fits(spec, &plan, &cfg, &fits) {
             return Ok((plan, cfg));
         }
         let half = |n: u32| (n / 2).max(1);
@@ -444,6 +451,24 @@ pub fn plan_fitting(
         }
         t.latency_max_blocks = Some(half(t.latency_max_blocks.unwrap_or(t.blocks_per_role).min(plan.grid() as u32)));
     }
+}
+
+/// Whether `fits` accepts the plan of every rank in both forms under `cfg` (the one `plan`
+/// was derived with), `plan` itself included. A form a collective does not have (in place for
+/// the AllToAll forms) does not derive and is skipped.
+fn every_form_fits(spec: &CollectiveSpec, plan: &Plan, cfg: &PlanConfig, fits: &impl Fn(&Plan) -> bool) -> bool {
+    if !fits(plan) {
+        return false;
+    }
+    (0..spec.world).all(|rank| {
+        [false, true].into_iter().all(|in_place| {
+            let cfg = PlanConfig { in_place, ..*cfg };
+            match derive_rank(spec, &cfg, rank) {
+                Ok(p) => fits(&p),
+                Err(_) => true,
+            }
+        })
+    })
 }
 
 #[cfg(test)]
@@ -530,21 +555,17 @@ mod tests {
         let gather = CollectiveSpec::all_gather(2, DataType::Bf16, 64 << 20);
         let reduce = CollectiveSpec::all_reduce(2, DataType::Bf16, ReduceOp::Sum, 128 << 20);
         // Readers copy twice what writers push (the peer's part and the rank's own).
-        assert_eq!(role_split(&gather, false, 16), (6, 10));
-        // In place, the own part is already there: as much traffic on either side.
-        assert_eq!(role_split(&gather, true, 16), (8, 8));
+        assert_eq!(role_split(&gather, 16), (6, 10));
         // Writers push the input, readers read two sources and write one.
-        assert_eq!(role_split(&reduce, false, 16), (7, 9));
-        // In place at world 2 the AllReduce stays direct: the same split.
-        assert_eq!(role_split(&reduce, true, 16), (7, 9));
+        assert_eq!(role_split(&reduce, 16), (7, 9));
         // Composed (world 4): writers push three shards, the Head reads four and writes
         // seven (its output and three peers' staging), the Tail copies three; Head and Tail
         // get as many blocks each.
         let reduce4 = CollectiveSpec::all_reduce(4, DataType::Bf16, ReduceOp::Sum, 128 << 20);
-        assert_eq!(role_split(&reduce4, false, 16), (4, 6));
+        assert_eq!(role_split(&reduce4, 16), (4, 6));
         // A cap below what a staged plan needs is raised to it.
-        assert_eq!(role_split(&gather, false, 1), (1, 1));
-        assert_eq!(role_split(&CollectiveSpec::all_reduce(4, DataType::F32, ReduceOp::Sum, 1 << 20), false, 1), (1, 1));
+        assert_eq!(role_split(&gather, 1), (1, 1));
+        assert_eq!(role_split(&CollectiveSpec::all_reduce(4, DataType::F32, ReduceOp::Sum, 1 << 20), 1), (1, 1));
     }
 
     /// Under `max_blocks`, every collective at every world, size, side and in/out of place
@@ -587,6 +608,61 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Ranks choose their form (in place or not) independently, as NCCL lets them: for random
+    /// specs, tunings and block caps, every mix of forms derives plans of the same block counts
+    /// that the verifier accepts together.
+    #[test]
+    fn every_mix_of_forms_makes_one_verified_plan_set() {
+        let mut rng = purlin_testkit::Rng::new(purlin_testkit::fresh_seed());
+        let opts = purlin_snac::verify::Options { max_states: 1_500, schedules: 3, ..Default::default() };
+        let limits = PlanLimits { staging_bytes: 1 << 20, window_bytes: 64 << 10, ..limits() };
+        let mut checked = 0;
+        while checked < 120 {
+            let world = 2 + rng.below(2) as u32;
+            let w = u64::from(world);
+            let n = 1 + rng.below(3000);
+            let skew: Vec<u64> = (0..w).map(|r| (n * (r + 1) / 2) * rng.below(2)).collect();
+            let spec = match rng.below(6) {
+                0 => CollectiveSpec::all_reduce(world, DataType::F32, ReduceOp::Sum, n * w),
+                1 => CollectiveSpec::all_gather(world, DataType::F32, n),
+                2 => CollectiveSpec::reduce_scatter(world, DataType::F32, ReduceOp::Sum, n),
+                3 => CollectiveSpec::all_gather_v(world, DataType::F32, skew),
+                4 => CollectiveSpec::reduce_scatter_v(world, DataType::F32, ReduceOp::Max, skew),
+                _ => CollectiveSpec::all_gather_v(
+                    world,
+                    DataType::F32,
+                    (0..w).map(|r| if r == 0 { n } else { 0 }).collect(),
+                ),
+            };
+            if spec.validate().is_err() {
+                continue;
+            }
+            let t = Tuning {
+                regime: Some([Regime::Latency, Regime::Throughput][rng.below(2) as usize]),
+                staging_side: [StagingSide::Own, StagingSide::Peer][rng.below(2) as usize],
+                chunk_bytes: 256 << rng.below(4),
+                blocks_per_role: 1 + rng.below(8) as u32,
+                consumer_blocks_per_role: Some(1 + rng.below(8) as u32),
+                max_blocks: [None, Some(2), Some(5), Some(12)][rng.below(4) as usize],
+                slots: 1 + rng.below(3) as u32,
+                min_chunk_bytes: 0,
+                ..Tuning::default()
+            };
+            let forms: Vec<bool> = (0..world).map(|_| rng.below(2) == 0).collect();
+            let plans: Result<Vec<(Plan, PlanConfig)>, _> =
+                (0..world).map(|r| plan_and_config(&spec, r, forms[r as usize], &t, &limits)).collect();
+            let Ok(plans) = plans else { continue };
+            let blocks = |c: &PlanConfig| (c.regime, c.blocks_per_role, c.consumer_blocks(), c.chunk_bytes, c.lanes);
+            for (p, c) in &plans {
+                assert_eq!(blocks(c), blocks(&plans[0].1), "{spec:?} {t:?} forms {forms:?}: rank {}", p.rank);
+            }
+            let plans: Vec<Plan> = plans.into_iter().map(|(p, _)| p).collect();
+            let report = purlin_snac::verify::verify_call(&plans, &opts);
+            assert!(report.ok(), "{spec:?} {t:?} forms {forms:?}: {:?}", report.result);
+            checked += 1;
         }
     }
 

@@ -15,33 +15,48 @@ use purlin_snac::{CollectiveSpec, DataType, DeriveError, Plan, PlanConfig, PlanE
 
 use crate::error::Error;
 
-/// A verified plan key.
+/// A verified plan key: the verdict on the plan set of a chunk-capped twin, which covers every
+/// call whose twin it is. Shared by every call of the key, so it holds nothing of the call that
+/// first asked for it (which of them is the twin itself is the caller's to say: [`Verdict::covers`]).
 #[derive(Debug)]
 pub struct Verdict {
     /// The verifier's coverage (`exhaustive, N states` or `sampled N schedules, seed S`).
     pub coverage: String,
-    /// Whether the verified spec is the call's own (small calls), not its chunk-capped twin.
-    pub twin_is_spec: bool,
     /// The verified plan set (of the twin), specs canonicalized by [`canonical_spec`].
     pub plans: Vec<Plan>,
+    /// The chunk bytes and slots the twin was cut with (part of the key's configuration).
+    twin_cut: (u64, u64),
 }
 
 impl Verdict {
-    /// Checks that `plan`, derived for the call with the verified configuration, is the
-    /// verified plan of its rank where the verified spec is the call's own. (A chunk-capped
-    /// twin's plans differ from the call's in their lengths, so there the twin's verdict
-    /// covers the call by [`verify::twin_spec`]'s argument instead.)
+    /// Checks that `plan`, derived for a call with the verified configuration, is covered by
+    /// this verdict: its spec's twin is the verified one, and where the call is its own twin
+    /// (small calls), the plan is the verified plan of its rank. (A larger call's plans differ
+    /// from the twin's in their lengths, so there the twin's verdict covers the call by
+    /// [`verify::twin_spec`]'s argument instead.) Decided per call: a verdict first asked for
+    /// by a larger call of the same twin once refused the twin itself, and the reverse.
     pub fn covers(&self, plan: &Plan) -> Result<(), Error> {
-        if !self.twin_is_spec {
+        let spec = canonical_spec(&plan.spec);
+        let twin = canonical_spec(&verify::twin_spec(&plan.spec, self.twin_cut.0, self.twin_cut.1));
+        let verified = self.plans.get(plan.rank as usize);
+        if verified.is_none_or(|v| v.spec != twin) {
+            return Err(internal(plan.rank, "the plan's call is not the one verified".into()));
+        }
+        if spec != twin {
             return Ok(());
         }
         let mut p = plan.clone();
-        p.spec = canonical_spec(&p.spec);
-        if self.plans.get(plan.rank as usize) == Some(&p) {
+        p.spec = spec;
+        if verified == Some(&p) {
             Ok(())
         } else {
             Err(internal(plan.rank, "the plan to run differs from the verified one".into()))
         }
+    }
+
+    /// Whether `spec` is its own twin here (the verified plans are its plans).
+    pub fn twin_is_spec(&self, spec: &CollectiveSpec) -> bool {
+        self.plans.first().is_some_and(|p| p.spec == canonical_spec(spec))
     }
 }
 
@@ -102,7 +117,6 @@ pub fn canonical_spec(spec: &CollectiveSpec) -> CollectiveSpec {
 /// [`Error::Plan`] naming the violated property; such a plan never runs.
 pub fn verified(spec: &CollectiveSpec, cfg: &PlanConfig, opts: &Options) -> Result<Arc<Verdict>, Error> {
     let twin = verify::twin_spec(spec, cfg.chunk_bytes, cfg.slots as u64);
-    let twin_is_spec = twin == *spec;
     let mode = opts.mode as u8;
     let key: Key =
         (canonical_spec(&twin), *cfg, (opts.max_states, opts.schedules, opts.seed, opts.max_coresident_blocks, mode));
@@ -115,7 +129,8 @@ pub fn verified(spec: &CollectiveSpec, cfg: &PlanConfig, opts: &Options) -> Resu
                 for p in &mut plans {
                     p.spec = canonical_spec(&p.spec);
                 }
-                Ok(Arc::new(Verdict { coverage: report.coverage.to_string(), twin_is_spec, plans }))
+                let twin_cut = (cfg.chunk_bytes, cfg.slots as u64);
+                Ok(Arc::new(Verdict { coverage: report.coverage.to_string(), plans, twin_cut }))
             }
             Err(v) => Err(format!("the verifier rejected the plans ({}): {v}", report.coverage)),
         }
@@ -178,7 +193,7 @@ mod tests {
         let (plan, cfg) =
             crate::call::tuning::plan_and_config(&spec, 0, false, &Tuning::default(), &limits).expect("plan");
         let verdict = verified(&spec, &cfg, &default_budget()).expect("verified");
-        assert!(verdict.twin_is_spec);
+        assert!(verdict.twin_is_spec(&spec));
         verdict.covers(&plan).expect("the derived plan");
         let mut other = plan.clone();
         other.rank = 1;

@@ -292,9 +292,8 @@ impl HostWorld {
             return Err(Error::Poisoned(self.poison_reason().unwrap_or_else(|| "an earlier host wait expired".into())));
         }
         self.check_fits(plan, &buffers)?;
-        if plan.blocks.is_empty() {
-            return Ok(vec![]); // an empty call: nothing moves, nothing advances (on every rank)
-        }
+        // An empty plan (a call of no bytes) spawns no block but still meets the call check:
+        // a rank whose call is empty while its peers' is not gets `Mismatch` like them.
         let (check, results) = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..plan.blocks.len())
                 .map(|b| scope.spawn(move || BlockRun { world: self, plan, rank, block: b, buffers, trace }.run()))

@@ -408,8 +408,8 @@ impl DeviceExecutor {
         rt: &ExecRuntime,
     ) -> Result<(), Error> {
         let grid = plan.grid() as u32;
-        if grid == 0 {
-            return Ok(()); // an empty call: nothing moves, nothing advances (on every rank)
+        if grid == 0 && rt.call_number == 0 {
+            return Ok(()); // an empty call with the call check off: nothing to launch
         }
         // One key lookup per launch: the shaped kernel where `params` says the plan runs shaped.
         let key = self.exec_key(plan)?;

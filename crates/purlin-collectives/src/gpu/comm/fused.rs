@@ -129,11 +129,10 @@ impl Comm {
 
 impl FusedCall<'_> {
     /// Blocks that must call `purlin::run_collective`: blocks `0..blocks()` of the launch,
-    /// each once (the plan's grid and, with the call check on, its check block). 0 for an
-    /// empty call: no block calls it.
+    /// each once (the plan's grid and, with the call check on, its check block, which an
+    /// empty call runs alone; with the check off an empty call has none).
     pub fn blocks(&self) -> u32 {
-        let grid = self.prepared.plan.grid() as u32;
-        grid + u32::from(grid > 0 && self.comm.call_check)
+        self.prepared.plan.grid() as u32 + u32::from(self.comm.call_check)
     }
 
     /// The device address of the call's input on this rank (in place: where it lies in the
@@ -168,12 +167,11 @@ impl FusedCall<'_> {
         let mut rt = self.comm.runtime(self.input, self.output);
         self.peers.fill(&mut rt);
         let plan = &self.prepared.plan;
-        if plan.grid() > 0 {
-            rt.call_number = self.comm.next_call_number();
-            // Numbered as Comm's own launches, so a hang report compares like with like.
-            let mut flight = self.comm.flight.lock().unwrap_or_else(|e| e.into_inner());
-            flight.start(&plan.spec, self.comm.rank as u32, plan.call_digest(), crate::flight::Executor::Gpu);
-        }
+        // Numbered as Comm's own launches (an empty call too: its check block meets the peers'),
+        // so the call check and a hang report compare like with like.
+        rt.call_number = self.comm.next_call_number();
+        let mut flight = self.comm.flight.lock().unwrap_or_else(|e| e.into_inner());
+        flight.start(&plan.spec, self.comm.rank as u32, plan.call_digest(), crate::flight::Executor::Gpu);
         let words = {
             let (p, _record) = self.words.device_ptr(&self.comm.stream);
             p

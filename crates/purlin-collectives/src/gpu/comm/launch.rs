@@ -158,14 +158,15 @@ impl Comm {
         span.planned(plan, plan.one_copy, plan.resources.alias.is_some(), || is_capturing(&stream));
         let mut rt = self.runtime(input, output);
         peers.fill(&mut rt);
-        let mut number = None;
-        if plan.grid() > 0 {
-            rt.call_number = self.next_call_number(); // an empty call launches nothing, on every rank
+        // An empty call launches the call check's block alone (so a rank whose call is empty
+        // while its peers' is not fails with them); with the check off, nothing.
+        rt.call_number = self.next_call_number();
+        let number = {
             let mut flight = self.flight.lock().unwrap_or_else(|e| e.into_inner());
             let n = flight.start(&plan.spec, self.rank as u32, plan.call_digest(), Executor::Gpu);
             span.numbered(n);
-            number = Some(n);
-        }
+            Some(n)
+        };
         // SAFETY: `input`/`output` come from cudarc buffers on this GPU whose lengths the spec
         // checked (in place: one buffer that holds the plan's input and output at their alias
         // offsets, checked by `collective_in_place`; 0 for a side of no bytes, which no step
