@@ -674,6 +674,9 @@ fn dtypes() -> Vec<&'static str> {
 #[pymodule]
 #[pyo3(name = "_purlin")]
 fn purlin_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The log subscriber of Purlin's programs (PURLIN_LOG, PURLIN_LOG_FILE; warnings only by
+    // default); a process that installed a tracing subscriber already keeps its own.
+    purlin_log::init().map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     m.add_class::<PyComm>()?;
     m.add_class::<PyCpuComm>()?;
     m.add_class::<PySymmetric>()?;

@@ -428,3 +428,29 @@ def test_nvrtc_dir_comes_from_the_wheel_unless_set(tmp_path, monkeypatch):
     assert os.environ[_nvrtc.ENV] == str(lib)
     monkeypatch.setenv(_nvrtc.ENV, "/elsewhere")
     assert _nvrtc.configure() == "/elsewhere", "a set PURLIN_NVRTC_DIR wins"
+
+
+def test_purlin_log_prints_one_line_per_call_and_nothing_by_default():
+    program = (
+        "import numpy as np\n"
+        "from purlin_rs import CpuComm\n"
+        "def rank(c):\n"
+        "    x = np.ones(8, dtype=np.float32)\n"
+        "    c.all_reduce(x, 'sum')\n"
+        "    return float(x[0])\n"
+        "assert CpuComm.run(2, rank, timeout=10.0) == [2.0, 2.0]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PURLIN_LOG")}
+    quiet = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True)
+    assert "purlin::call" not in quiet.stderr, quiet.stderr
+    loud = subprocess.run(
+        [sys.executable, "-c", program], env={**env, "PURLIN_LOG": "purlin=debug"}, capture_output=True, text=True,
+        check=True,
+    )
+    calls = [line for line in loud.stderr.splitlines() if "purlin::call" in line and "all-reduce" in line]
+    assert len(calls) == 2, loud.stderr  # one line per rank's call
+    bad = subprocess.run(
+        [sys.executable, "-c", "import purlin_rs"], env={**env, "PURLIN_LOG": "purlin=loud"}, capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "PURLIN_LOG" in bad.stderr, bad.stderr
