@@ -11,6 +11,12 @@
 //!   plans (what CI tests every collective with, without a GPU).
 //! - [`snac`]: the protocol crate, to derive and verify plans offline.
 //!
+//! [`Comm`], [`CpuComm`], their configurations, [`SymmetricBuffer`] and
+//! [`CpuSymmetricBuffer`] are `Send + Sync` (checked at compile time, no `unsafe impl`
+//! needed): move a communicator into the thread that drives its rank, or share it by
+//! reference. A rank's collectives still form one sequence that every rank issues in the same
+//! order, so calls on one communicator from several threads need the caller's own ordering.
+//!
 //! Inside, by concern: `call` (a user's call → a validated spec, tuning, the verification
 //! cache; backend-neutral), `bootstrap` (ranks meeting over threads or a Unix socket, [`Id`],
 //! torchrun's environment), `workspace` (the symmetric workspace's layout and set-up
@@ -45,6 +51,7 @@ mod diag;
 mod error;
 mod gpu;
 pub mod nccl;
+mod thread_safety;
 mod workspace;
 
 pub use bootstrap::{Id, TorchEnv};
