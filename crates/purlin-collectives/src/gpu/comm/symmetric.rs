@@ -129,6 +129,44 @@ impl<T> DevicePtrMut<T> for SymmetricBuffer<T> {
     }
 }
 
+// By reference too, so that calls taking buffers by value (a `Group`'s, like
+// `cudarc::nccl::Group`'s) borrow a symmetric buffer instead of consuming it.
+impl<T> DeviceSlice<T> for &SymmetricBuffer<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for &SymmetricBuffer<T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (**self).device_ptr(stream)
+    }
+}
+
+impl<T> DeviceSlice<T> for &mut SymmetricBuffer<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for &mut SymmetricBuffer<T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (**self).device_ptr(stream)
+    }
+}
+
+impl<T> DevicePtrMut<T> for &mut SymmetricBuffer<T> {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (**self).device_ptr_mut(stream)
+    }
+}
+
 impl Comm {
     /// Which of a call's buffers are symmetric (the one-copy path), with every rank's as
     /// mapped here: out of place, `input` and `output` each; in place, the one buffer at
