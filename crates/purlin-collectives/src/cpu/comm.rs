@@ -51,7 +51,9 @@ use crate::error::Error;
 /// A host communicator's configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuConfig {
-    /// Bound on every wait of the host executor (default [`crate::bootstrap::DEFAULT_TIMEOUT`]).
+    /// Bound on every wait for a peer, a skipped call's included (default
+    /// [`crate::bootstrap::DEFAULT_TIMEOUT`]): the host executor has no device waits, so this
+    /// one knob is both of [`crate::CommConfig`]'s `timeout` and `device_timeout`.
     pub timeout: Duration,
     /// Each rank's staging, packet window, flags, counters and epochs. `epoch_words` is also
     /// the co-residency bound plans are made under (threads are always co-resident).
