@@ -55,7 +55,7 @@ mod thread_safety;
 mod workspace;
 
 pub use bootstrap::{Id, TorchEnv};
-pub use call::types::{DataType, NcclType, ReduceOp, Status};
+pub use call::types::{DataType, NcclType, ReduceOp, ReduceType, Status};
 pub use cpu::{CallInfo, CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuGroup, CpuSymmetricBuffer, CpuType};
 pub use error::Error;
 pub use gpu::comm::{Comm, CommConfig, Group, SymmetricBuffer, TeardownReport, group_end, group_start};

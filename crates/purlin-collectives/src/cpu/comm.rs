@@ -43,7 +43,7 @@ use super::buffer::region::HostRegion;
 use super::buffer::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer, CpuType, Meetings, SymmetricAlloc};
 use super::executor::{CallBuffers, HostMemoryConfig, HostWorld};
 use crate::call::tuning::{PlanLimits, Tuning, plan_and_config};
-use crate::call::types::{ReduceOp, Status, atom_dtype};
+use crate::call::types::{ReduceOp, ReduceType, Status, atom_dtype};
 use crate::call::verified::{budget_from_env, default_budget, internal, verified};
 use crate::call::{self, Call, Transfer, in_place_layout, paired, point_to_point_spec};
 use crate::error::Error;
@@ -398,7 +398,7 @@ impl CpuComm {
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
-        T: CpuType,
+        T: CpuType + ReduceType,
     {
         let send = send.host_region();
         let spec = self.spec::<T>(Call::AllReduce { len: elems::<T>(&send), op: *op })?;
@@ -406,7 +406,7 @@ impl CpuComm {
     }
 
     /// In-place AllReduce.
-    pub fn all_reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+    pub fn all_reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType + ReduceType>(
         &self,
         buf: &mut B,
         op: &ReduceOp,
@@ -441,7 +441,7 @@ impl CpuComm {
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
-        T: CpuType,
+        T: CpuType + ReduceType,
     {
         let recv = recv.host_region_mut();
         let spec = self.spec::<T>(Call::ReduceScatter { len: elems::<T>(&recv), op: *op })?;
@@ -451,7 +451,7 @@ impl CpuComm {
     /// In-place ReduceScatter (NCCL's convention): the result lands in this rank's partition
     /// `buf[rank × n .. (rank + 1) × n]`, `n = buf.len() / world`; the other partitions are
     /// left as they were.
-    pub fn reduce_scatter_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+    pub fn reduce_scatter_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType + ReduceType>(
         &self,
         buf: &mut B,
         op: &ReduceOp,
@@ -498,7 +498,7 @@ impl CpuComm {
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
-        T: CpuType,
+        T: CpuType + ReduceType,
     {
         let spec = self.spec::<T>(Call::ReduceScatterV { counts: call::counts_u64(counts), op: *op })?;
         self.run(spec, Bufs::Separate(send.host_region(), recv.host_region_mut()))
@@ -566,7 +566,7 @@ impl CpuComm {
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
-        T: CpuType,
+        T: CpuType + ReduceType,
     {
         let root = call::rank_of(root, self.world_size(), "reduce")?;
         let send = send.host_region();
@@ -584,7 +584,7 @@ impl CpuComm {
 
     /// In-place Reduce to `root`: the result lands in the root's `buf`; the other ranks' are
     /// read and left as they were.
-    pub fn reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+    pub fn reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType + ReduceType>(
         &self,
         buf: &mut B,
         op: &ReduceOp,

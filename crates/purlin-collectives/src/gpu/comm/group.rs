@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::Comm;
-use crate::call::types::{NcclType, ReduceOp, Status};
+use crate::call::types::{NcclType, ReduceOp, ReduceType, Status};
 use crate::call::{Transfer, byte_len, paired, point_to_point_spec, rank_of};
 use crate::error::Error;
 
@@ -209,7 +209,7 @@ impl<'g> Group<'g> {
     }
 
     /// [`Comm::all_reduce`].
-    pub fn all_reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn all_reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
         sendbuff: S,
         mut recvbuff: R,
@@ -219,7 +219,7 @@ impl<'g> Group<'g> {
     }
 
     /// [`Comm::all_reduce_in_place`].
-    pub fn all_reduce_in_place<R: DevicePtrMut<T>, T: NcclType>(
+    pub fn all_reduce_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
         mut buff: R,
         reduce_op: &ReduceOp,
@@ -233,7 +233,7 @@ impl<'g> Group<'g> {
     }
 
     /// [`Comm::reduce_scatter_in_place`].
-    pub fn reduce_scatter_in_place<R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_scatter_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
         mut buff: R,
         reduce_op: &ReduceOp,
@@ -242,7 +242,7 @@ impl<'g> Group<'g> {
     }
 
     /// [`Comm::reduce`].
-    pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
         sendbuff: S,
         recvbuff: Option<R>,
@@ -254,7 +254,7 @@ impl<'g> Group<'g> {
     }
 
     /// [`Comm::reduce_in_place`].
-    pub fn reduce_in_place<R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
         mut recvbuff: R,
         reduce_op: &ReduceOp,
@@ -264,7 +264,7 @@ impl<'g> Group<'g> {
     }
 
     /// [`Comm::reduce_scatter`].
-    pub fn reduce_scatter<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_scatter<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
         sendbuff: S,
         mut recvbuff: R,
