@@ -44,11 +44,11 @@ impl Dims {
 
     fn check_world(&self, world: usize) -> Result<()> {
         for (what, n) in [("heads", self.heads), ("ffn", self.ffn), ("vocab", self.vocab)] {
-            if world == 0 || n % world != 0 {
+            if world == 0 || !n.is_multiple_of(world) {
                 bail!("{what} = {n} does not split over {world} ranks");
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             bail!("hidden = {} does not split into {} heads", self.hidden, self.heads);
         }
         Ok(())
