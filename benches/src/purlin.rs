@@ -120,7 +120,7 @@ fn ptr_of(s: &CudaSlice<u8>) -> u64 {
 
 /// Typed views of the byte buffers, `n_send`/`n_recv` elements of `T` (the symmetric ones
 /// where there are).
-fn call_typed<T: NcclType + cudarc::driver::DeviceRepr>(
+fn call_typed<T: Reduces>(
     comm: &Comm,
     send: &CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
@@ -147,40 +147,99 @@ fn call_typed<T: NcclType + cudarc::driver::DeviceRepr>(
 /// The root of the rooted collectives (nccl-tests' default).
 const ROOT: i32 = 0;
 
+/// The reductions of [`call_into`] where `T` is a `ReduceType`; for other types Purlin's
+/// typed reductions do not compile, and the sweep reports them Unsupported.
+trait Reduces: NcclType + cudarc::driver::DeviceRepr + Sized {
+    fn reduce<S: DevicePtr<Self>, R: DevicePtrMut<Self>>(
+        comm: &Comm,
+        s: &S,
+        d: &mut R,
+        case: &Case,
+    ) -> Result<purlin_collectives::Status, CallError>;
+}
+
+macro_rules! reduces {
+    ($($t:ty),*) => {$(
+        impl Reduces for $t {
+            fn reduce<S: DevicePtr<Self>, R: DevicePtrMut<Self>>(
+                comm: &Comm,
+                s: &S,
+                d: &mut R,
+                case: &Case,
+            ) -> Result<purlin_collectives::Status, CallError> {
+                let o = op(case.op);
+                let in_place = case.in_place_layout(comm.rank()).is_some();
+                match (case.collective, in_place) {
+                    (Collective::AllReduce, true) => comm.all_reduce_in_place(d, &o),
+                    (Collective::ReduceScatter, true) => comm.reduce_scatter_in_place(d, &o),
+                    (Collective::Reduce, true) => comm.reduce_in_place(d, &o, ROOT),
+                    (Collective::AllReduce, false) => comm.all_reduce(s, d, &o),
+                    (Collective::ReduceScatter, false) => comm.reduce_scatter(s, d, &o),
+                    (Collective::ReduceScatterV, false) => comm.reduce_scatter_v(s, d, &case.matrix[0], &o),
+                    // A peer's receive view is empty and ignored.
+                    (Collective::Reduce, false) => comm.reduce(s, Some(d), &o, ROOT),
+                    (other, true) => return Err(CallError::Unsupported(format!("{other} has no in-place form"))),
+                    (other, false) => unreachable!("{other} is not a reduction"),
+                }
+                .map_err(map_err)
+            }
+        }
+    )*};
+}
+reduces!(f32, half::f16, half::bf16, i32, u32, purlin_atom::F8E4M3, purlin_atom::F8E5M2);
+
+macro_rules! never_reduces {
+    ($($t:ty),*) => {$(
+        impl Reduces for $t {
+            fn reduce<S: DevicePtr<Self>, R: DevicePtrMut<Self>>(
+                _: &Comm,
+                _: &S,
+                _: &mut R,
+                case: &Case,
+            ) -> Result<purlin_collectives::Status, CallError> {
+                Err(CallError::Unsupported(format!("{} of {}: no Atom reduces it", case.collective, stringify!($t))))
+            }
+        }
+    )*};
+}
+never_reduces!(f64, i8, u8, i64, u64);
+
 /// One call of `case` on `s` into `d` (in place: on `d` alone).
-fn call_into<T: NcclType + cudarc::driver::DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+fn call_into<T: Reduces, S: DevicePtr<T>, R: DevicePtrMut<T>>(
     comm: &Comm,
     s: &S,
     d: &mut R,
     case: &Case,
 ) -> Result<(), CallError> {
+    if matches!(
+        case.collective,
+        Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce
+    ) {
+        return T::reduce(comm, s, d, case).map(drop);
+    }
     if case.in_place_layout(comm.rank()).is_some() {
         let res = match case.collective {
-            Collective::AllReduce => comm.all_reduce_in_place(d, &op(case.op)),
             Collective::AllGather => comm.all_gather_in_place(d),
-            Collective::ReduceScatter => comm.reduce_scatter_in_place(d, &op(case.op)),
             Collective::Broadcast => comm.broadcast_in_place(d, ROOT),
-            Collective::Reduce => comm.reduce_in_place(d, &op(case.op), ROOT),
             other => return Err(CallError::Unsupported(format!("{other} has no in-place form"))),
         };
         return res.map(drop).map_err(map_err);
     }
     let res = match case.collective {
-        Collective::AllReduce => comm.all_reduce(s, d, &op(case.op)),
         Collective::AllGather => comm.all_gather(s, d),
-        Collective::ReduceScatter => comm.reduce_scatter(s, d, &op(case.op)),
         Collective::AllToAll => comm.all_to_all(s, d),
         // The V forms' matrix: m[0][p] = partition p (AG-V / RS-V), m[p][q] = pair p→q (A2A-V).
         Collective::AllGatherV => comm.all_gather_v(s, d, &case.matrix[0]),
-        Collective::ReduceScatterV => comm.reduce_scatter_v(s, d, &case.matrix[0], &op(case.op)),
         Collective::AllToAllV => comm.all_to_all_v(s, d, &case.matrix),
-        // A peer's send (broadcast) and receive (reduce) views are empty and ignored.
+        // A peer's send (broadcast) view is empty and ignored.
         Collective::Broadcast => comm.broadcast(Some(s), d, ROOT),
-        Collective::Reduce => comm.reduce(s, Some(d), &op(case.op), ROOT),
         // To rank + 1, from rank − 1: both the peer at world 2 (wider worlds: Unsupported).
         Collective::SendRecv => {
             let (r, n) = (comm.rank(), comm.world_size());
             comm.send_recv(s, ((r + 1) % n) as i32, d, ((r + n - 1) % n) as i32)
+        }
+        Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV | Collective::Reduce => {
+            unreachable!("reductions go through Reduces::reduce")
         }
     };
     res.map(drop).map_err(map_err)

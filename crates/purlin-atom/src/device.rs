@@ -102,10 +102,15 @@ pub enum AtomError {
 }
 
 /// Whether the CUDA driver library can be loaded (call before anything else touches CUDA:
-/// cudarc panics when it is missing).
+/// with cudarc's `dynamic-loading`, it panics when libcuda is missing). Without this crate's
+/// `dynamic-loading` feature, libcuda is linked into the program, which could not have
+/// started without it: always `true`.
 pub fn driver_present() -> bool {
+    #[cfg(feature = "dynamic-loading")]
     // SAFETY: only tries to dlopen libcuda; no other precondition.
-    unsafe { sys::is_culib_present() }
+    return unsafe { sys::is_culib_present() };
+    #[cfg(not(feature = "dynamic-loading"))]
+    true
 }
 
 /// The compute capability of a context's device.

@@ -236,7 +236,9 @@ pub fn search_dirs() -> Vec<PathBuf> {
 
 /// Finds and loads libnvrtc once per process; returns the directory it came from.
 ///
-/// After this returns `Ok`, cudarc's NVRTC bindings resolve to the loaded library.
+/// After this returns `Ok`, cudarc's NVRTC bindings resolve to the loaded library. Without
+/// this crate's `dynamic-loading` feature NVRTC is linked into the program: a directory found
+/// is still loaded from, and none found is `Ok` with an empty path.
 pub fn load() -> Result<&'static Path, NvrtcError> {
     static LOADED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let loaded = LOADED.get_or_init(|| load_uncached().map_err(|e| e.to_string()));
@@ -249,6 +251,9 @@ pub fn load() -> Result<&'static Path, NvrtcError> {
 fn load_uncached() -> Result<PathBuf, NvrtcError> {
     let searched = search_dirs();
     let Some(dir) = searched.iter().find(|d| d.join("libnvrtc.so.13").is_file()).cloned() else {
+        #[cfg(not(feature = "dynamic-loading"))]
+        return Ok(PathBuf::new());
+        #[cfg(feature = "dynamic-loading")]
         return Err(NvrtcError::NotFound { searched });
     };
     // The builtins library first: libnvrtc dlopens it by SONAME on first compile.
@@ -264,6 +269,8 @@ fn load_uncached() -> Result<PathBuf, NvrtcError> {
             .map_err(|e| NvrtcError::Load { path: path.clone(), reason: e.to_string() })?;
         std::mem::forget(library);
     }
+    // Linked NVRTC (cudarc's `dynamic-linking`) is bound by the loader; nothing to ask.
+    #[cfg(feature = "dynamic-loading")]
     // SAFETY: `is_culib_present` only attempts to dlopen the library by name; it now
     // resolves to the copy loaded above.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {

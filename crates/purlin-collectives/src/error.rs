@@ -30,8 +30,10 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
-    /// A host-side wait for a peer expired (the peer is alive but did not arrive).
-    #[error("rank {rank}: timed out after {waited:?} waiting for rank {peer} ({during})")]
+    /// A host-side wait for a peer expired (the peer is alive but did not arrive): set-up,
+    /// barriers, symmetric allocation, teardown, bounded by `CommConfig::timeout`; every
+    /// wait of a `CpuComm`, bounded by `CpuConfig::timeout`.
+    #[error("rank {rank}: host wait for rank {peer} timed out after {waited:?} ({during})")]
     Timeout {
         /// This rank.
         rank: usize,
@@ -52,7 +54,8 @@ pub enum Error {
         /// What we were doing.
         during: String,
     },
-    /// A device-side bounded wait expired: the peer did not signal in time.
+    /// A device-side bounded wait of a collective expired: the peer did not signal in time
+    /// (it skipped the call, died or hangs), bounded by `CommConfig::device_timeout`.
     #[error("rank {rank}: device wait for rank {peer} timed out after {waited:?} ({during})")]
     DeviceTimeout {
         /// This rank.

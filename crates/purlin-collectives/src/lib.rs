@@ -13,6 +13,12 @@
 //!   (docs/multi-node.md); [`CpuHierComm`] is its host twin.
 //! - [`snac`]: the protocol crate, to derive and verify plans offline.
 //!
+//! [`Comm`], [`CpuComm`], their configurations, [`SymmetricBuffer`] and
+//! [`CpuSymmetricBuffer`] are `Send + Sync` (checked at compile time, no `unsafe impl`
+//! needed): move a communicator into the thread that drives its rank, or share it by
+//! reference. A rank's collectives still form one sequence that every rank issues in the same
+//! order, so calls on one communicator from several threads need the caller's own ordering.
+//!
 //! Inside, by concern: `call` (a user's call → a validated spec, tuning, the verification
 //! cache; backend-neutral), `bootstrap` (ranks meeting over threads or a Unix socket, [`Id`],
 //! torchrun's environment), `workspace` (the symmetric workspace's layout and set-up
@@ -53,11 +59,12 @@ pub mod nccl;
 #[cfg(feature = "nvtx")]
 mod nvtx;
 mod observe;
+mod thread_safety;
 mod workspace;
 
 pub use bootstrap::{Id, TorchEnv};
 pub use call::Call;
-pub use call::types::{DataType, NcclType, ReduceOp, Status};
+pub use call::types::{DataType, NcclType, ReduceOp, ReduceType, Status};
 pub use cpu::{CallInfo, CpuBuffer, CpuBufferMut, CpuComm, CpuConfig, CpuGroup, CpuSymmetricBuffer, CpuType};
 pub use error::Error;
 pub use flight::{Executor, FLIGHT_CALLS, FlightEntry, FlightRecorder, HangReport, RankCall};
@@ -65,6 +72,7 @@ pub use gpu::comm::{
     CollectiveArgs, Comm, CommConfig, FusedCall, FusedKernel, FusedLaunch, Group, OnStream, RawBuffer, SymmetricBuffer,
     TeardownReport, Untracked, group_end, group_start,
 };
+#[cfg(feature = "nccl")]
 pub use gpu::hier::HierComm;
 pub use hier::HierShape;
 pub use hier::host::CpuHierComm;

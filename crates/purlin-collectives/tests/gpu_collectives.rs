@@ -16,18 +16,78 @@ mod gpu_calls;
 use gpu_calls::{Coll, Rng};
 use purlin_testkit as kit;
 
+/// The reductions of the cases, through the typed API where the type is a `ReduceType`
+/// (`None` where it is not: such a call does not compile).
+trait ElemReduce: purlin_collectives::NcclType + Sized {
+    fn reduce(
+        c: &Comm,
+        coll: Coll,
+        op: &ReduceOp,
+        s: &mut CudaSlice<Self>,
+        d: &mut CudaSlice<Self>,
+        per_rank: &[usize],
+    ) -> Option<Result<purlin_collectives::Status, purlin_collectives::Error>>;
+    fn reduce_scatter_in_place(
+        c: &Comm,
+        buf: &mut CudaSlice<Self>,
+        op: &ReduceOp,
+    ) -> Option<Result<purlin_collectives::Status, purlin_collectives::Error>>;
+}
+
+macro_rules! reduces {
+    ($($t:ty),*) => {$(
+        impl ElemReduce for $t {
+            fn reduce(
+                c: &Comm,
+                coll: Coll,
+                op: &ReduceOp,
+                s: &mut CudaSlice<Self>,
+                d: &mut CudaSlice<Self>,
+                per_rank: &[usize],
+            ) -> Option<Result<purlin_collectives::Status, purlin_collectives::Error>> {
+                Some(match coll {
+                    Coll::AllReduce => c.all_reduce(s, d, op),
+                    Coll::AllReduceInPlace => c.all_reduce_in_place(s, op),
+                    Coll::ReduceScatter => c.reduce_scatter(s, d, op),
+                    Coll::ReduceScatterV => c.reduce_scatter_v(s, d, per_rank, op),
+                    _ => return None,
+                })
+            }
+            fn reduce_scatter_in_place(
+                c: &Comm,
+                buf: &mut CudaSlice<Self>,
+                op: &ReduceOp,
+            ) -> Option<Result<purlin_collectives::Status, purlin_collectives::Error>> {
+                Some(c.reduce_scatter_in_place(buf, op))
+            }
+        }
+    )*};
+}
+reduces!(f32, i32, half::bf16, half::f16, F8E4M3, F8E5M2);
+
+impl ElemReduce for u8 {
+    fn reduce(
+        _: &Comm,
+        _: Coll,
+        _: &ReduceOp,
+        _: &mut CudaSlice<Self>,
+        _: &mut CudaSlice<Self>,
+        _: &[usize],
+    ) -> Option<Result<purlin_collectives::Status, purlin_collectives::Error>> {
+        None
+    }
+    fn reduce_scatter_in_place(
+        _: &Comm,
+        _: &mut CudaSlice<Self>,
+        _: &ReduceOp,
+    ) -> Option<Result<purlin_collectives::Status, purlin_collectives::Error>> {
+        None
+    }
+}
+
 /// Element types the test drives, moved to and from the kit's bytes as they are.
 trait Elem:
-    purlin_collectives::NcclType
-    + DeviceRepr
-    + ValidAsZeroBits
-    + Copy
-    + PartialEq
-    + std::fmt::Debug
-    + Send
-    + Sync
-    + Unpin
-    + 'static
+    ElemReduce + DeviceRepr + ValidAsZeroBits + Copy + PartialEq + std::fmt::Debug + Send + Sync + Unpin + 'static
 {
     const DTYPE: kit::Dtype;
     const REDUCES: bool;
@@ -168,13 +228,13 @@ fn run_case<T: Elem>(comms: &[Comm], coll: Coll, op: ReduceOp, n: usize, rng: &m
     }
     for (r, c) in comms.iter().enumerate() {
         let res = match coll {
-            Coll::AllReduce => c.all_reduce(&sends[r], &mut recvs[r], &op),
-            Coll::AllReduceInPlace => c.all_reduce_in_place(&mut sends[r], &op),
+            Coll::AllReduce | Coll::AllReduceInPlace | Coll::ReduceScatter | Coll::ReduceScatterV => {
+                T::reduce(c, coll, &op, &mut sends[r], &mut recvs[r], &per_rank)
+                    .unwrap_or_else(|| panic!("{coll:?} of {:?}: not a ReduceType", T::DTYPE))
+            }
             Coll::AllGather => c.all_gather(&sends[r], &mut recvs[r]),
-            Coll::ReduceScatter => c.reduce_scatter(&sends[r], &mut recvs[r], &op),
             Coll::AllToAll => c.all_to_all(&sends[r], &mut recvs[r]),
             Coll::AllGatherV => c.all_gather_v(&sends[r], &mut recvs[r], &per_rank),
-            Coll::ReduceScatterV => c.reduce_scatter_v(&sends[r], &mut recvs[r], &per_rank, &op),
             Coll::AllToAllV => c.all_to_all_v(&sends[r], &mut recvs[r], &counts),
             Coll::SendRecv => {
                 let peer = (1 - r) as i32;
@@ -329,8 +389,12 @@ fn run_in_place<T: Elem>(comms: &[Comm], gather: bool, op: ReduceOp, n: usize, r
         bufs.push(c.stream().clone_htod(&host).expect("upload"));
     }
     for (r, c) in comms.iter().enumerate() {
-        let res =
-            if gather { c.all_gather_in_place(&mut bufs[r]) } else { c.reduce_scatter_in_place(&mut bufs[r], &op) };
+        let res = if gather {
+            c.all_gather_in_place(&mut bufs[r])
+        } else {
+            T::reduce_scatter_in_place(c, &mut bufs[r], &op)
+                .unwrap_or_else(|| panic!("ReduceScatter of {:?}: not a ReduceType", T::DTYPE))
+        };
         res.unwrap_or_else(|e| panic!("in place gather={gather} {:?} n={n} rank {r}: {e}", T::DTYPE));
     }
     let mut wrong = 0;

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use purlin_collectives::{CommConfig, Error, HierComm, Id, NcclType, ReduceOp};
+use purlin_collectives::{CommConfig, Error, HierComm, Id, ReduceOp, ReduceType};
 use purlin_testkit::{self as kit, Collective, Compare, Counts, Dtype, Op, reference};
 
 trait Elem:
-    NcclType + cudarc::nccl::NcclType + DeviceRepr + ValidAsZeroBits + Copy + Send + Sync + Unpin + 'static
+    ReduceType + cudarc::nccl::NcclType + DeviceRepr + ValidAsZeroBits + Copy + Send + Sync + Unpin + 'static
 {
     const KIT: Dtype;
     fn from_bytes(b: &[u8]) -> Vec<Self>;

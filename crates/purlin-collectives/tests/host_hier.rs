@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use purlin_collectives::{CpuConfig, CpuHierComm, CpuType, Error, ReduceOp};
+use purlin_collectives::{CpuConfig, CpuHierComm, CpuType, Error, ReduceOp, ReduceType, Status};
 use purlin_testkit::{self as kit, Collective, Compare, Counts, Dtype, Op, reference};
 
 /// The element types these tests run, as bytes both ways.
@@ -14,10 +14,34 @@ trait Elem: CpuType {
     const KIT: Dtype;
     fn from_bytes(b: &[u8]) -> Vec<Self>;
     fn to_bytes(x: &[Self]) -> Vec<u8>;
+    /// A reducing call of rank `g` (only types that reduce: [`ReduceType`]).
+    fn reducing(c: &CpuHierComm, case: &kit::Case, x: &[Self], y: &mut [Self], g: usize) -> Result<Status, Error>;
+}
+
+/// Rank `g`'s reducing call of `case` on `x` into `y` (in place: on `y`, which holds `x`).
+fn reducing<T: CpuType + ReduceType>(
+    c: &CpuHierComm,
+    case: &kit::Case,
+    x: &[T],
+    y: &mut [T],
+    g: usize,
+) -> Result<Status, Error> {
+    let op = reduce_op(case.op.unwrap_or(Op::Sum));
+    let root = 0;
+    match (case.collective, case.in_place) {
+        (Collective::AllReduce, false) => c.all_reduce(x, y, &op),
+        (Collective::ReduceScatter, false) => c.reduce_scatter(x, y, &op),
+        (Collective::ReduceScatterV, false) => c.reduce_scatter_v(x, y, case.parts(), &op),
+        (Collective::Reduce, false) => c.reduce(x, (g == root).then_some(y), &op, root as i32),
+        (Collective::AllReduce, true) => c.all_reduce_in_place(y, &op),
+        (Collective::ReduceScatter, true) => c.reduce_scatter_in_place(y, &op),
+        (Collective::Reduce, true) => c.reduce_in_place(y, &op, root as i32),
+        (other, _) => panic!("{other:?} does not reduce"),
+    }
 }
 
 macro_rules! elem {
-    ($t:ty, $kit:ident, $n:literal, $from:expr, $to:expr) => {
+    ($t:ty, $kit:ident, $n:literal, $from:expr, $to:expr, $reduces:tt) => {
         impl Elem for $t {
             const KIT: Dtype = Dtype::$kit;
             fn from_bytes(b: &[u8]) -> Vec<Self> {
@@ -26,13 +50,36 @@ macro_rules! elem {
             fn to_bytes(x: &[Self]) -> Vec<u8> {
                 x.iter().flat_map(|v| $to(*v)).collect()
             }
+            fn reducing(
+                c: &CpuHierComm,
+                case: &kit::Case,
+                x: &[Self],
+                y: &mut [Self],
+                g: usize,
+            ) -> Result<Status, Error> {
+                elem!(@reduce $reduces, c, case, x, y, g)
+            }
         }
     };
+    (@reduce true, $c:ident, $case:ident, $x:ident, $y:ident, $g:ident) => {
+        reducing($c, $case, $x, $y, $g)
+    };
+    (@reduce false, $c:ident, $case:ident, $x:ident, $y:ident, $g:ident) => {{
+        let _ = ($c, $x, $y, $g);
+        panic!("{} reduces no {:?} (not a ReduceType)", $case.name(), $case.dtype)
+    }};
 }
-elem!(f32, F32, 4, f32::from_le_bytes, f32::to_le_bytes);
-elem!(i32, I32, 4, i32::from_le_bytes, i32::to_le_bytes);
-elem!(u8, U8, 1, u8::from_le_bytes, u8::to_le_bytes);
-elem!(half::bf16, Bf16, 2, |b| half::bf16::from_bits(u16::from_le_bytes(b)), |v: half::bf16| v.to_bits().to_le_bytes());
+elem!(f32, F32, 4, f32::from_le_bytes, f32::to_le_bytes, true);
+elem!(i32, I32, 4, i32::from_le_bytes, i32::to_le_bytes, true);
+elem!(u8, U8, 1, u8::from_le_bytes, u8::to_le_bytes, false);
+elem!(
+    half::bf16,
+    Bf16,
+    2,
+    |b| half::bf16::from_bits(u16::from_le_bytes(b)),
+    |v: half::bf16| v.to_bits().to_le_bytes(),
+    true
+);
 
 fn reduce_op(op: Op) -> ReduceOp {
     match op {
@@ -48,29 +95,23 @@ fn reduce_op(op: Op) -> ReduceOp {
 fn call<T: Elem>(c: &CpuHierComm, case: &kit::Case, input: &[u8], g: usize) -> Result<Vec<u8>, Error> {
     let x = T::from_bytes(input);
     let poisoned = |n: usize| T::from_bytes(&kit::poisoned(case.dtype, n));
-    let op = reduce_op(case.op.unwrap_or(Op::Sum));
     let mut y = poisoned(case.out_count(g));
     let root = 0;
     match (case.collective, case.in_place) {
-        (Collective::AllReduce, false) => c.all_reduce(&x, &mut y, &op)?,
-        (Collective::ReduceScatter, false) => c.reduce_scatter(&x, &mut y, &op)?,
+        (coll, false) if coll.reduces() => T::reducing(c, case, &x, &mut y, g)?,
         (Collective::AllGather, false) => c.all_gather(&x, &mut y)?,
         (Collective::AllToAll, false) => c.all_to_all(&x, &mut y)?,
         (Collective::AllGatherV, false) => c.all_gather_v(&x, &mut y, case.parts())?,
-        (Collective::ReduceScatterV, false) => c.reduce_scatter_v(&x, &mut y, case.parts(), &op)?,
         (Collective::AllToAllV, false) => c.all_to_all_v(&x, &mut y, &case.matrix)?,
         (Collective::Broadcast, false) => c.broadcast((g == root).then_some(&x[..]), &mut y, root as i32)?,
-        (Collective::Reduce, false) => c.reduce(&x, (g == root).then_some(&mut y[..]), &op, root as i32)?,
         (coll, true) => {
             let layout = case.in_place_layout(g).expect("an in-place form");
             let mut buf = poisoned(layout.len);
             buf[layout.input_at..layout.input_at + x.len()].copy_from_slice(&x);
             match coll {
-                Collective::AllReduce => c.all_reduce_in_place(&mut buf, &op)?,
-                Collective::ReduceScatter => c.reduce_scatter_in_place(&mut buf, &op)?,
+                coll if coll.reduces() => T::reducing(c, case, &x, &mut buf, g)?,
                 Collective::AllGather => c.all_gather_in_place(&mut buf)?,
                 Collective::Broadcast => c.broadcast_in_place(&mut buf, root as i32)?,
-                Collective::Reduce => c.reduce_in_place(&mut buf, &op, root as i32)?,
                 other => panic!("{other:?} has no in-place form"),
             };
             y = buf;

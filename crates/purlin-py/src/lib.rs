@@ -19,7 +19,7 @@ use std::time::Duration;
 use cudarc::driver::{CudaContext, CudaStream, sys};
 use purlin_atom::{F8E4M3, F8E5M2};
 use purlin_collectives::{
-    Comm, CommConfig, CpuComm, CpuConfig, Error, Id, NcclType, RawBuffer, ReduceOp, SymmetricBuffer,
+    Comm, CommConfig, CpuComm, CpuConfig, Error, Id, NcclType, RawBuffer, ReduceOp, ReduceType, SymmetricBuffer,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -122,6 +122,46 @@ macro_rules! with_dtype {
     };
 }
 
+/// Runs `$body` with `$t` the Rust element type of `$dtype` where the Atom reduces it
+/// ([`purlin_collectives::ReduceType`]); any other type is `Unsupported` for a reduction.
+macro_rules! with_reduce_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            Dtype::F32 => {
+                type $t = f32;
+                $body
+            }
+            Dtype::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            Dtype::Bf16 => {
+                type $t = half::bf16;
+                $body
+            }
+            Dtype::F8E4M3 => {
+                type $t = F8E4M3;
+                $body
+            }
+            Dtype::F8E5M2 => {
+                type $t = F8E5M2;
+                $body
+            }
+            Dtype::I32 => {
+                type $t = i32;
+                $body
+            }
+            Dtype::U32 => {
+                type $t = u32;
+                $body
+            }
+            other => Err(Error::Unsupported(format!(
+                "reductions of {other:?} (the Atom reduces float32, float16, bfloat16, fp8, int32, uint32)"
+            ))),
+        }
+    };
+}
+
 fn parse_op(name: &str) -> Result<ReduceOp, Error> {
     Ok(match name.to_ascii_lowercase().as_str() {
         "sum" => ReduceOp::Sum,
@@ -156,6 +196,20 @@ enum Kind {
 }
 
 impl Kind {
+    /// Whether the call reduces (its element type must be one the Atom reduces).
+    fn reduces(self) -> bool {
+        matches!(
+            self,
+            Kind::AllReduce
+                | Kind::AllReduceInPlace
+                | Kind::ReduceScatter
+                | Kind::ReduceScatterInPlace
+                | Kind::ReduceScatterV
+                | Kind::Reduce
+                | Kind::ReduceInPlace
+        )
+    }
+
     fn parse(name: &str) -> Result<Self, Error> {
         Ok(match name {
             "all_reduce" => Kind::AllReduce,
@@ -309,36 +363,54 @@ fn new_stream(device: usize) -> Result<Arc<CudaStream>, Error> {
     ctx.new_stream().map_err(|error| Error::Driver { call: "cuStreamCreate", error })
 }
 
-fn gpu_call<T: NcclType>(comm: &Comm, stream: &Arc<CudaStream>, a: &CallArgs) -> Result<(), Error> {
-    let on = comm.on_stream(stream)?;
+/// The raw buffers of a GPU call on `stream`.
+fn gpu_buffers<T: NcclType>(stream: &Arc<CudaStream>, a: &CallArgs) -> (RawBuffer<T>, RawBuffer<T>) {
     // SAFETY: the Python layer passes the address and element count of live, contiguous
     // tensors of this dtype on this communicator's GPU, held by the caller until the call's
     // work on `stream` (its current stream) is done, as `RawBuffer::from_raw` requires.
     let send = unsafe { RawBuffer::<T>::from_raw(a.send.0, a.send.1, stream.clone()) };
     // SAFETY: as for `send`; the Python layer checked an output does not overlap its input.
-    let mut recv = unsafe { RawBuffer::<T>::from_raw(a.recv.0, a.recv.1, stream.clone()) };
+    let recv = unsafe { RawBuffer::<T>::from_raw(a.recv.0, a.recv.1, stream.clone()) };
+    (send, recv)
+}
+
+/// A reducing GPU call ([`Kind::reduces`]).
+fn gpu_reduce<T: ReduceType>(comm: &Comm, stream: &Arc<CudaStream>, a: &CallArgs) -> Result<(), Error> {
+    let on = comm.on_stream(stream)?;
+    let (send, mut recv) = gpu_buffers::<T>(stream, a);
     let rank = comm.rank();
     match a.kind {
         Kind::AllReduce => on.all_reduce(&send, &mut recv, &a.op),
         Kind::AllReduceInPlace => on.all_reduce_in_place(&mut recv, &a.op),
-        Kind::AllGather => on.all_gather(&send, &mut recv),
-        Kind::AllGatherInPlace => on.all_gather_in_place(&mut recv),
         Kind::ReduceScatter => on.reduce_scatter(&send, &mut recv, &a.op),
         Kind::ReduceScatterInPlace => on.reduce_scatter_in_place(&mut recv, &a.op),
-        Kind::AllToAll => on.all_to_all(&send, &mut recv),
-        Kind::AllGatherV => on.all_gather_v(&send, &mut recv, &a.counts),
         Kind::ReduceScatterV => on.reduce_scatter_v(&send, &mut recv, &a.counts, &a.op),
-        Kind::AllToAllV => on.all_to_all_v(&send, &mut recv, &a.matrix),
-        Kind::Broadcast => on.broadcast(a.reads_send(rank).then_some(&send), &mut recv, a.root),
-        Kind::BroadcastInPlace => on.broadcast_in_place(&mut recv, a.root),
         Kind::Reduce => {
             let writes = a.writes_recv(rank);
             on.reduce(&send, writes.then_some(&mut recv), &a.op, a.root)
         }
         Kind::ReduceInPlace => on.reduce_in_place(&mut recv, &a.op, a.root),
+        other => Err(Error::InvalidArgument(format!("{other:?} does not reduce"))),
+    }
+    .map(drop)
+}
+
+/// A GPU call that moves data without reducing it.
+fn gpu_move<T: NcclType>(comm: &Comm, stream: &Arc<CudaStream>, a: &CallArgs) -> Result<(), Error> {
+    let on = comm.on_stream(stream)?;
+    let (send, mut recv) = gpu_buffers::<T>(stream, a);
+    match a.kind {
+        Kind::AllGather => on.all_gather(&send, &mut recv),
+        Kind::AllGatherInPlace => on.all_gather_in_place(&mut recv),
+        Kind::AllToAll => on.all_to_all(&send, &mut recv),
+        Kind::AllGatherV => on.all_gather_v(&send, &mut recv, &a.counts),
+        Kind::AllToAllV => on.all_to_all_v(&send, &mut recv, &a.matrix),
+        Kind::Broadcast => on.broadcast(a.reads_send(comm.rank()).then_some(&send), &mut recv, a.root),
+        Kind::BroadcastInPlace => on.broadcast_in_place(&mut recv, a.root),
         Kind::Send => on.send(&send, a.root).map(|()| purlin_collectives::Status::Success),
         Kind::Recv => on.recv(&mut recv, a.root),
         Kind::SendRecv => on.send_recv(&send, a.root, &mut recv, a.recv_peer),
+        other => Err(Error::InvalidArgument(format!("{other:?} reduces"))),
     }
     .map(drop)
 }
@@ -413,7 +485,11 @@ impl PyComm {
             .map_err(|e| to_py(e, rank))?;
         let comm = self.comm()?;
         let stream = self.stream(&comm, stream);
-        py.detach(|| with_dtype!(args.dtype, T => gpu_call::<T>(&comm, &stream, &args))).map_err(|e| to_py(e, rank))
+        py.detach(|| match args.kind.reduces() {
+            true => with_reduce_dtype!(args.dtype, T => gpu_reduce::<T>(&comm, &stream, &args)),
+            false => with_dtype!(args.dtype, T => gpu_move::<T>(&comm, &stream, &args)),
+        })
+        .map_err(|e| to_py(e, rank))
     }
 
     /// Every rank's `data`, in rank order (a host exchange among the ranks, e.g. of split
@@ -536,7 +612,14 @@ fn check_host(address: u64, len: usize, align: usize, what: &str) -> Result<(), 
     Ok(())
 }
 
-fn cpu_call<T: purlin_collectives::CpuType>(comm: &CpuComm, a: &CallArgs) -> Result<(), Error> {
+/// A host call's buffers, checked: `(send, recv)`.
+///
+/// # Safety
+/// As the Python layer promises (below): live, contiguous arrays of `T` held for the call.
+unsafe fn cpu_buffers<'a, T: purlin_collectives::CpuType>(
+    comm: &CpuComm,
+    a: &CallArgs,
+) -> Result<(&'a [T], &'a mut [T]), Error> {
     let rank = comm.rank();
     let size = std::mem::size_of::<T>() as u64;
     let (reads, writes) = (a.reads_send(rank), a.writes_recv(rank));
@@ -556,24 +639,44 @@ fn cpu_call<T: purlin_collectives::CpuType>(comm: &CpuComm, a: &CallArgs) -> Res
     let send: &[T] = if reads { unsafe { host_slice(a.send.0, a.send.1, "send") }? } else { &[] };
     // SAFETY: as for `send`.
     let recv: &mut [T] = if writes { unsafe { host_slice_mut(a.recv.0, a.recv.1, "receive") }? } else { &mut [] };
+    Ok((send, recv))
+}
+
+/// A reducing host call ([`Kind::reduces`]).
+fn cpu_reduce<T: purlin_collectives::CpuType + ReduceType>(comm: &CpuComm, a: &CallArgs) -> Result<(), Error> {
+    // SAFETY: the Python layer's arrays, as `cpu_buffers` requires.
+    let (send, recv) = unsafe { cpu_buffers::<T>(comm, a) }?;
+    let writes = a.writes_recv(comm.rank());
     match a.kind {
         Kind::AllReduce => comm.all_reduce(send, recv, &a.op),
         Kind::AllReduceInPlace => comm.all_reduce_in_place(recv, &a.op),
-        Kind::AllGather => comm.all_gather(send, recv),
-        Kind::AllGatherInPlace => comm.all_gather_in_place(recv),
         Kind::ReduceScatter => comm.reduce_scatter(send, recv, &a.op),
         Kind::ReduceScatterInPlace => comm.reduce_scatter_in_place(recv, &a.op),
+        Kind::ReduceScatterV => comm.reduce_scatter_v(send, recv, &a.counts, &a.op),
+        Kind::Reduce => comm.reduce(send, writes.then_some(recv), &a.op, a.root),
+        Kind::ReduceInPlace => comm.reduce_in_place(recv, &a.op, a.root),
+        other => Err(Error::InvalidArgument(format!("{other:?} does not reduce"))),
+    }
+    .map(drop)
+}
+
+/// A host call that moves data without reducing it.
+fn cpu_move<T: purlin_collectives::CpuType>(comm: &CpuComm, a: &CallArgs) -> Result<(), Error> {
+    // SAFETY: the Python layer's arrays, as `cpu_buffers` requires.
+    let (send, recv) = unsafe { cpu_buffers::<T>(comm, a) }?;
+    let reads = a.reads_send(comm.rank());
+    match a.kind {
+        Kind::AllGather => comm.all_gather(send, recv),
+        Kind::AllGatherInPlace => comm.all_gather_in_place(recv),
         Kind::AllToAll => comm.all_to_all(send, recv),
         Kind::AllGatherV => comm.all_gather_v(send, recv, &a.counts),
-        Kind::ReduceScatterV => comm.reduce_scatter_v(send, recv, &a.counts, &a.op),
         Kind::AllToAllV => comm.all_to_all_v(send, recv, &a.matrix),
         Kind::Broadcast => comm.broadcast(reads.then_some(send), recv, a.root),
         Kind::BroadcastInPlace => comm.broadcast_in_place(recv, a.root),
-        Kind::Reduce => comm.reduce(send, writes.then_some(recv), &a.op, a.root),
-        Kind::ReduceInPlace => comm.reduce_in_place(recv, &a.op, a.root),
         Kind::Send => comm.send(send, a.root).map(|()| purlin_collectives::Status::Success),
         Kind::Recv => comm.recv(recv, a.root),
         Kind::SendRecv => comm.send_recv(send, a.root, recv, a.recv_peer),
+        other => Err(Error::InvalidArgument(format!("{other:?} reduces"))),
     }
     .map(drop)
 }
@@ -626,7 +729,11 @@ impl PyCpuComm {
         let args = CallArgs::parse(kind, dtype, send, recv, op, root, recv_peer, counts, matrix)
             .map_err(|e| to_py(e, rank))?;
         let comm = self.comm.clone();
-        py.detach(move || with_dtype!(args.dtype, T => cpu_call::<T>(&comm, &args))).map_err(|e| to_py(e, rank))
+        py.detach(move || match args.kind.reduces() {
+            true => with_reduce_dtype!(args.dtype, T => cpu_reduce::<T>(&comm, &args)),
+            false => with_dtype!(args.dtype, T => cpu_move::<T>(&comm, &args)),
+        })
+        .map_err(|e| to_py(e, rank))
     }
 
     /// A failure that poisoned this communicator, raised (does not wait).

@@ -30,10 +30,15 @@ pub use purlin_snac::MAX_WORLD;
 
 /// Whether the CUDA driver library can be loaded on this machine.
 ///
-/// cudarc panics when a library is missing; every GPU path asks this first.
+/// cudarc (with `dynamic-loading`) panics when a library is missing; every GPU path asks this
+/// first. Without this crate's `dynamic-loading` feature, libcuda is linked into the program,
+/// which could not have started without it: always `true`.
 pub fn driver_present() -> bool {
+    #[cfg(feature = "dynamic-loading")]
     // SAFETY: `is_culib_present` only tries to dlopen libcuda and reports whether it could.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    return unsafe { cudarc::driver::sys::is_culib_present() };
+    #[cfg(not(feature = "dynamic-loading"))]
+    true
 }
 
 /// The number of CUDA devices, or 0 where there is no driver or no device.

@@ -21,7 +21,7 @@ pub enum ReduceOp {
 pub enum DataType {
     /// `f32`.
     F32,
-    /// `f64` (accepted by the API, no Atom implements it yet).
+    /// `f64` (moved by every call; reduced by none: not a [`ReduceType`]).
     F64,
     /// `i8`.
     I8,
@@ -63,6 +63,52 @@ macro_rules! nccl_type {
 }
 nccl_type!(f32 => F32, f64 => F64, i8 => I8, i32 => I32, i64 => I64, u8 => U8, u32 => U32, u64 => U64,
     char => U8, half::f16 => F16, half::bf16 => Bf16, purlin_atom::F8E4M3 => F8E4M3, purlin_atom::F8E5M2 => F8E5M2);
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The element types Purlin reduces: `f32`, `half::f16`, `half::bf16`, the fp8 formats
+/// [`purlin_atom::F8E4M3`] and [`purlin_atom::F8E5M2`], `i32` and `u32`. The reducing calls
+/// (AllReduce, Reduce, ReduceScatter, their in-place and V forms, on `Comm`, `Group` and
+/// `CpuComm`) take only these, so a reduction the Atom cannot do does not compile:
+///
+/// | type | gathers, broadcast, send/recv | reductions |
+/// |---|---|---|
+/// | `f32`, `f16`, `bf16`, `F8E4M3`, `F8E5M2`, `i32`, `u32` | yes | yes |
+/// | `f64`, `i64`, `u64`, `i8`, `u8`, `char` | yes | no: no Atom reduces them |
+///
+/// (cudarc's NCCL wrapper accepts those reductions; a program moved to Purlin that makes one
+/// fails to build instead of failing at run time.) Sealed.
+///
+/// ```compile_fail
+/// # fn f(comm: &purlin_collectives::CpuComm) {
+/// let mut out = [0f64; 4];
+/// comm.all_reduce(&[1f64; 4], &mut out, &purlin_collectives::ReduceOp::Sum); // f64: no
+/// # }
+/// ```
+/// ```compile_fail
+/// # fn f(comm: &purlin_collectives::Comm, x: &cudarc::driver::CudaSlice<u8>, y: &mut cudarc::driver::CudaSlice<u8>) {
+/// comm.reduce_scatter(x, y, &purlin_collectives::ReduceOp::Max); // u8: no
+/// # }
+/// ```
+/// ```
+/// # fn f(comm: &purlin_collectives::CpuComm) {
+/// let mut out = [0u8; 8];
+/// comm.all_gather(&[1u8; 4], &mut out); // gathers move any type
+/// let mut sum = [0i32; 4];
+/// comm.all_reduce(&[1i32; 4], &mut sum, &purlin_collectives::ReduceOp::Sum);
+/// # }
+/// ```
+pub trait ReduceType: NcclType + sealed::Sealed {}
+
+macro_rules! reduce_type {
+    ($($t:ty),* $(,)?) => {
+        $(impl sealed::Sealed for $t {}
+        impl ReduceType for $t {})*
+    };
+}
+reduce_type!(f32, half::f16, half::bf16, purlin_atom::F8E4M3, purlin_atom::F8E5M2, i32, u32);
 
 /// The status of an enqueued call (cudarc's `NcclStatus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

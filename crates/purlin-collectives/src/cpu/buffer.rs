@@ -50,9 +50,9 @@ mod sealed {
 
 /// The element types host collectives accept: cudarc's NCCL set (`f32`, `f64`, `i8`, `u8`,
 /// `i32`, `u32`, `i64`, `u64`, `half::f16`, `half::bf16`) plus the two fp8 formats.
-/// Gathers (AllGather, AllToAll and their V forms) move any of them; reductions need a type
-/// the Atom reduces (f32, f16, bf16, fp8 e4m3/e5m2, i32, u32), others get
-/// [`Error::Unsupported`].
+/// Gathers (AllGather, AllToAll and their V forms) move any of them; reductions take only a
+/// [`crate::ReduceType`] (f32, f16, bf16, fp8 e4m3/e5m2, i32, u32): another type does not
+/// compile (the byte API answers such a spec with [`Error::Unsupported`]).
 pub trait CpuType: sealed::Sealed + Copy + Send + Sync + 'static {
     /// The element type of a spec.
     const DATA_TYPE: DataType;

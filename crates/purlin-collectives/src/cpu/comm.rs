@@ -43,7 +43,7 @@ use super::buffer::region::HostRegion;
 use super::buffer::{CpuBuffer, CpuBufferMut, CpuSymmetricBuffer, CpuType, Meetings, SymmetricAlloc};
 use super::executor::{CallBuffers, HostMemoryConfig, HostWorld};
 use crate::call::tuning::{PlanLimits, Tuning, plan_and_config};
-use crate::call::types::{ReduceOp, Status, atom_dtype};
+use crate::call::types::{ReduceOp, ReduceType, Status, atom_dtype};
 use crate::call::verified::{budget_from_env, default_budget, internal, verified};
 use crate::call::{self, Call, Transfer, in_place_layout, paired, point_to_point_spec};
 use crate::error::Error;
@@ -53,7 +53,9 @@ use crate::observe::{CallSpan, warn_once};
 /// A host communicator's configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuConfig {
-    /// Bound on every wait of the host executor (default [`crate::bootstrap::DEFAULT_TIMEOUT`]).
+    /// Bound on every wait for a peer, a skipped call's included (default
+    /// [`crate::bootstrap::DEFAULT_TIMEOUT`]): the host executor has no device waits, so this
+    /// one knob is both of [`crate::CommConfig`]'s `timeout` and `device_timeout`.
     pub timeout: Duration,
     /// Each rank's staging, packet window, flags, counters and epochs. `epoch_words` is also
     /// the co-residency bound plans are made under (threads are always co-resident).
@@ -441,12 +443,35 @@ impl CpuComm {
         Ok(call.spec(self.world_size(), self.rank, T::DATA_TYPE)?.with_mode(self.shared.config.mode))
     }
 
+    /// A call described at run time ([`Call`]) on elements of any [`CpuType`], for the layers
+    /// that pick the collective and the type at run time (the hierarchy's host twin): the typed
+    /// methods refuse reductions of other types at compile time ([`ReduceType`]).
+    pub(crate) fn call_any<S, R, T>(&self, call: Call, send: &S, recv: &mut R) -> Result<Status, Error>
+    where
+        S: CpuBuffer<T> + ?Sized,
+        R: CpuBufferMut<T> + ?Sized,
+        T: CpuType,
+    {
+        let spec = self.spec::<T>(call)?;
+        self.run(spec, Bufs::Separate(send.host_region(), recv.host_region_mut()))
+    }
+
+    /// [`CpuComm::call_any`] in place.
+    pub(crate) fn call_any_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+        &self,
+        call: Call,
+        buf: &mut B,
+    ) -> Result<Status, Error> {
+        let spec = self.spec::<T>(call)?;
+        self.run(spec, Bufs::InPlace(buf.host_region_mut()))
+    }
+
     /// AllReduce: `recv[i] = op over ranks of send[i]`; `recv` has `send.len()` elements.
     pub fn all_reduce<S, R, T>(&self, send: &S, recv: &mut R, op: &ReduceOp) -> Result<Status, Error>
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
-        T: CpuType,
+        T: CpuType + ReduceType,
     {
         let send = send.host_region();
         let spec = self.spec::<T>(Call::AllReduce { len: elems::<T>(&send), op: *op })?;
@@ -454,7 +479,7 @@ impl CpuComm {
     }
 
     /// In-place AllReduce.
-    pub fn all_reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+    pub fn all_reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType + ReduceType>(
         &self,
         buf: &mut B,
         op: &ReduceOp,
@@ -489,7 +514,7 @@ impl CpuComm {
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
-        T: CpuType,
+        T: CpuType + ReduceType,
     {
         let recv = recv.host_region_mut();
         let spec = self.spec::<T>(Call::ReduceScatter { len: elems::<T>(&recv), op: *op })?;
@@ -499,7 +524,7 @@ impl CpuComm {
     /// In-place ReduceScatter (NCCL's convention): the result lands in this rank's partition
     /// `buf[rank × n .. (rank + 1) × n]`, `n = buf.len() / world`; the other partitions are
     /// left as they were.
-    pub fn reduce_scatter_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+    pub fn reduce_scatter_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType + ReduceType>(
         &self,
         buf: &mut B,
         op: &ReduceOp,
@@ -546,7 +571,7 @@ impl CpuComm {
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
-        T: CpuType,
+        T: CpuType + ReduceType,
     {
         let spec = self.spec::<T>(Call::ReduceScatterV { counts: call::counts_u64(counts), op: *op })?;
         self.run(spec, Bufs::Separate(send.host_region(), recv.host_region_mut()))
@@ -614,7 +639,7 @@ impl CpuComm {
     where
         S: CpuBuffer<T> + ?Sized,
         R: CpuBufferMut<T> + ?Sized,
-        T: CpuType,
+        T: CpuType + ReduceType,
     {
         let root = call::rank_of(root, self.world_size(), "reduce")?;
         let send = send.host_region();
@@ -632,7 +657,7 @@ impl CpuComm {
 
     /// In-place Reduce to `root`: the result lands in the root's `buf`; the other ranks' are
     /// read and left as they were.
-    pub fn reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType>(
+    pub fn reduce_in_place<B: CpuBufferMut<T> + ?Sized, T: CpuType + ReduceType>(
         &self,
         buf: &mut B,
         op: &ReduceOp,

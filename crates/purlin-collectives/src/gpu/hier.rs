@@ -30,7 +30,8 @@ use cudarc::nccl::sys::{self, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResul
 
 use super::comm::{Comm, CommConfig};
 use crate::bootstrap::{Id, TorchEnv};
-use crate::call::types::{DataType, NcclType, ReduceOp, Status};
+use crate::call::Call;
+use crate::call::types::{DataType, NcclType, ReduceOp, ReduceType, Status};
 use crate::error::{Error, driver};
 use crate::hier::{Buf, Coll, HierCall, HierShape, HierState, Io, LevelComm, Region, offsets, plan};
 
@@ -371,9 +372,14 @@ impl<T: NcclType> LevelComm<DevMem<'_, T>> for Comm {
             Io::Separate { send, recv } => {
                 let (s, mut r) = (mem.view(send)?, mem.view(recv)?);
                 match coll {
-                    Coll::AllReduce(op) => self.all_reduce(&s, &mut r, op),
-                    Coll::ReduceScatter(op) => self.reduce_scatter(&s, &mut r, op),
-                    Coll::ReduceScatterV(counts, op) => self.reduce_scatter_v(&s, &mut r, counts, op),
+                    // Reductions pick their type at run time here (`call_any`: Unsupported
+                    // where the Atom cannot reduce it).
+                    Coll::AllReduce(op) => self.call_any(Call::AllReduce { len: s.len(), op: *op }, &s, &mut r),
+                    Coll::ReduceScatter(op) => self.call_any(Call::ReduceScatter { len: r.len(), op: *op }, &s, &mut r),
+                    Coll::ReduceScatterV(counts, op) => {
+                        let counts = crate::call::counts_u64(counts);
+                        self.call_any(Call::ReduceScatterV { counts, op: *op }, &s, &mut r)
+                    }
                     Coll::AllGather => self.all_gather(&s, &mut r),
                     Coll::AllGatherV(counts) => self.all_gather_v(&s, &mut r, counts),
                 }
@@ -381,8 +387,10 @@ impl<T: NcclType> LevelComm<DevMem<'_, T>> for Comm {
             Io::InPlace(region) => {
                 let mut b = mem.view(region)?;
                 match coll {
-                    Coll::AllReduce(op) => self.all_reduce_in_place(&mut b, op),
-                    Coll::ReduceScatter(op) => self.reduce_scatter_in_place(&mut b, op),
+                    Coll::AllReduce(op) => self.call_any_in_place(Call::AllReduce { len: b.len(), op: *op }, &mut b),
+                    Coll::ReduceScatter(op) => {
+                        self.call_any_in_place(Call::ReduceScatterInPlace { len: b.len(), op: *op }, &mut b)
+                    }
                     Coll::AllGather => self.all_gather_in_place(&mut b),
                     Coll::AllGatherV(_) | Coll::ReduceScatterV(..) => {
                         Err(Error::Unsupported("an in-place V step on the node level".into()))
@@ -785,7 +793,7 @@ impl HierComm {
     /// AllReduce over the world: node ReduceScatter → rail AllReduce of the `1/local` shard →
     /// node AllGather (the V forms through a scratch shard where `local` does not divide the
     /// count). Results as NCCL's flat `ncclAllReduce`.
-    pub fn all_reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn all_reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         send: &S,
         recv: &mut R,
@@ -798,7 +806,7 @@ impl HierComm {
     }
 
     /// In-place AllReduce.
-    pub fn all_reduce_in_place<R: DevicePtrMut<T>, T: NcclType>(
+    pub fn all_reduce_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         buf: &mut R,
         op: &ReduceOp,
@@ -810,7 +818,7 @@ impl HierComm {
 
     /// ReduceScatter over the world: rail ReduceScatter of this node's block, then node
     /// ReduceScatter; `send` holds `world × recv.len()` elements, rank `g` gets part `g`.
-    pub fn reduce_scatter<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_scatter<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         send: &S,
         recv: &mut R,
@@ -823,7 +831,7 @@ impl HierComm {
     }
 
     /// In-place ReduceScatter (NCCL's convention: the result at part `rank`).
-    pub fn reduce_scatter_in_place<R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_scatter_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         buf: &mut R,
         op: &ReduceOp,
@@ -867,7 +875,7 @@ impl HierComm {
     }
 
     /// ReduceScatterV: global rank `g` receives `counts[g]` reduced elements.
-    pub fn reduce_scatter_v<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_scatter_v<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         send: &S,
         recv: &mut R,
@@ -1026,7 +1034,7 @@ impl HierComm {
 
     /// Reduce to global rank `root` (its `recv`; `None` elsewhere), delegated whole to NCCL's
     /// world communicator.
-    pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         send: &S,
         recv: Option<&mut R>,
@@ -1065,7 +1073,7 @@ impl HierComm {
     }
 
     /// In-place Reduce, delegated whole to NCCL's world communicator.
-    pub fn reduce_in_place<R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         buf: &mut R,
         op: &ReduceOp,

@@ -5,6 +5,7 @@
 
 pub mod comm;
 pub mod executor;
+#[cfg(feature = "nccl")]
 pub mod hier;
 pub mod ipc;
 pub mod kernels;

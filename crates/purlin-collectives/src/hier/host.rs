@@ -9,7 +9,8 @@
 //! the same step sequence the GPU communicator runs.
 
 use super::{Buf, Coll, HierCall, HierShape, HierState, Io, LevelComm, Region, offsets, plan};
-use crate::call::types::{ReduceOp, Status};
+use crate::call::types::{ReduceOp, ReduceType, Status};
+use crate::call::{Call, counts_u64};
 use crate::cpu::{CpuComm, CpuConfig, CpuType};
 use crate::error::Error;
 
@@ -80,9 +81,12 @@ impl<T: CpuType> LevelComm<HostMem<'_, T>> for CpuComm {
             Io::Separate { send, recv } => {
                 let (s, r) = mem.pair(send, recv)?;
                 match coll {
-                    Coll::AllReduce(op) => self.all_reduce(s, r, op),
-                    Coll::ReduceScatter(op) => self.reduce_scatter(s, r, op),
-                    Coll::ReduceScatterV(counts, op) => self.reduce_scatter_v(s, r, counts, op),
+                    // Reductions pick their type at run time here (`call_any`).
+                    Coll::AllReduce(op) => self.call_any(Call::AllReduce { len: s.len(), op: *op }, s, r),
+                    Coll::ReduceScatter(op) => self.call_any(Call::ReduceScatter { len: r.len(), op: *op }, s, r),
+                    Coll::ReduceScatterV(counts, op) => {
+                        self.call_any(Call::ReduceScatterV { counts: counts_u64(counts), op: *op }, s, r)
+                    }
                     Coll::AllGather => self.all_gather(s, r),
                     Coll::AllGatherV(counts) => self.all_gather_v(s, r, counts),
                 }
@@ -90,8 +94,10 @@ impl<T: CpuType> LevelComm<HostMem<'_, T>> for CpuComm {
             Io::InPlace(region) => {
                 let b = mem.one(region)?;
                 match coll {
-                    Coll::AllReduce(op) => self.all_reduce_in_place(b, op),
-                    Coll::ReduceScatter(op) => self.reduce_scatter_in_place(b, op),
+                    Coll::AllReduce(op) => self.call_any_in_place(Call::AllReduce { len: b.len(), op: *op }, b),
+                    Coll::ReduceScatter(op) => {
+                        self.call_any_in_place(Call::ReduceScatterInPlace { len: b.len(), op: *op }, b)
+                    }
                     Coll::AllGather => self.all_gather_in_place(b),
                     Coll::AllGatherV(counts) => {
                         // This rank's part is at its place; the host executor gathers out of place.
@@ -232,22 +238,36 @@ impl CpuHierComm {
     }
 
     /// AllReduce over the world: node ReduceScatter, rail AllReduce of the shard, node AllGather.
-    pub fn all_reduce<T: CpuType>(&self, send: &[T], recv: &mut [T], op: &ReduceOp) -> Result<Status, Error> {
+    pub fn all_reduce<T: CpuType + ReduceType>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: &ReduceOp,
+    ) -> Result<Status, Error> {
         self.hier(HierCall::AllReduce(*op), Some(send), recv)
     }
 
     /// In-place AllReduce.
-    pub fn all_reduce_in_place<T: CpuType>(&self, buf: &mut [T], op: &ReduceOp) -> Result<Status, Error> {
+    pub fn all_reduce_in_place<T: CpuType + ReduceType>(&self, buf: &mut [T], op: &ReduceOp) -> Result<Status, Error> {
         self.hier(HierCall::AllReduce(*op), None, buf)
     }
 
     /// ReduceScatter over the world (rail, then node): `send` holds `world × recv.len()`.
-    pub fn reduce_scatter<T: CpuType>(&self, send: &[T], recv: &mut [T], op: &ReduceOp) -> Result<Status, Error> {
+    pub fn reduce_scatter<T: CpuType + ReduceType>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: &ReduceOp,
+    ) -> Result<Status, Error> {
         self.hier(HierCall::ReduceScatter(*op), Some(send), recv)
     }
 
     /// In-place ReduceScatter (NCCL's convention: the result at partition `rank`).
-    pub fn reduce_scatter_in_place<T: CpuType>(&self, buf: &mut [T], op: &ReduceOp) -> Result<Status, Error> {
+    pub fn reduce_scatter_in_place<T: CpuType + ReduceType>(
+        &self,
+        buf: &mut [T],
+        op: &ReduceOp,
+    ) -> Result<Status, Error> {
         self.hier(HierCall::ReduceScatter(*op), None, buf)
     }
 
@@ -267,7 +287,7 @@ impl CpuHierComm {
     }
 
     /// ReduceScatterV: global rank `g` receives `counts[g]` elements.
-    pub fn reduce_scatter_v<T: CpuType>(
+    pub fn reduce_scatter_v<T: CpuType + ReduceType>(
         &self,
         send: &[T],
         recv: &mut [T],
@@ -303,7 +323,7 @@ impl CpuHierComm {
     }
 
     /// Reduce to global rank `root`, delegated to the world communicator.
-    pub fn reduce<T: CpuType>(
+    pub fn reduce<T: CpuType + ReduceType>(
         &self,
         send: &[T],
         recv: Option<&mut [T]>,
@@ -314,7 +334,12 @@ impl CpuHierComm {
     }
 
     /// In-place Reduce, delegated to the world communicator.
-    pub fn reduce_in_place<T: CpuType>(&self, buf: &mut [T], op: &ReduceOp, root: i32) -> Result<Status, Error> {
+    pub fn reduce_in_place<T: CpuType + ReduceType>(
+        &self,
+        buf: &mut [T],
+        op: &ReduceOp,
+        root: i32,
+    ) -> Result<Status, Error> {
         self.delegate(|w| w.reduce_in_place(buf, op, root))
     }
 

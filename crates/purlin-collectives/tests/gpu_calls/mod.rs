@@ -18,7 +18,7 @@ use std::time::Duration;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use purlin_collectives::{Comm, CommConfig, Error, ReduceOp};
-use purlin_collectives::{NcclType, Status};
+use purlin_collectives::{NcclType, ReduceType, Status};
 use purlin_snac::CollectiveSpec;
 use purlin_testkit::{self as kit};
 #[allow(unused_imports)]
@@ -277,15 +277,20 @@ impl Call {
     /// Issues the call on `comm` with raw pointers (`send`, `recv`: device addresses of
     /// buffers on the comm's GPU holding the call's lengths; `recv` unused in place).
     pub fn issue(&self, comm: &Comm, send: u64, recv: u64) -> Result<Status, Error> {
-        match self.dt {
-            Dt::F32 => self.issue_typed::<f32>(comm, send, recv),
-            Dt::Bf16 => self.issue_typed::<half::bf16>(comm, send, recv),
-            Dt::I32 => self.issue_typed::<i32>(comm, send, recv),
-            Dt::U8 => self.issue_typed::<u8>(comm, send, recv),
+        // Reductions take only `ReduceType`s (u8 never reduces: `call` refuses it).
+        match (self.coll.reduces(), self.dt) {
+            (true, Dt::F32) => self.reduce_typed::<f32>(comm, send, recv),
+            (true, Dt::Bf16) => self.reduce_typed::<half::bf16>(comm, send, recv),
+            (true, Dt::I32) => self.reduce_typed::<i32>(comm, send, recv),
+            (true, Dt::U8) => unreachable!("the Atom does not reduce u8"),
+            (false, Dt::F32) => self.move_typed::<f32>(comm, send, recv),
+            (false, Dt::Bf16) => self.move_typed::<half::bf16>(comm, send, recv),
+            (false, Dt::I32) => self.move_typed::<i32>(comm, send, recv),
+            (false, Dt::U8) => self.move_typed::<u8>(comm, send, recv),
         }
     }
 
-    fn issue_typed<T: NcclType>(&self, comm: &Comm, send: u64, recv: u64) -> Result<Status, Error> {
+    fn reduce_typed<T: ReduceType>(&self, comm: &Comm, send: u64, recv: u64) -> Result<Status, Error> {
         let (ni, no) = self.lens(comm.rank());
         let stream = comm.stream();
         let s = RawBuf::<T>::new(send, ni, stream.clone());
@@ -294,15 +299,28 @@ impl Call {
         match self.coll {
             Coll::AllReduce => comm.all_reduce(&s, &mut d, op),
             Coll::AllReduceInPlace => comm.all_reduce_in_place(&mut RawBuf::<T>::new(send, ni, stream), op),
-            Coll::AllGather => comm.all_gather(&s, &mut d),
             Coll::ReduceScatter => comm.reduce_scatter(&s, &mut d, op),
+            Coll::ReduceScatterV => comm.reduce_scatter_v(&s, &mut d, &self.per_rank(), op),
+            _ => self.move_typed::<T>(comm, send, recv),
+        }
+    }
+
+    fn move_typed<T: NcclType>(&self, comm: &Comm, send: u64, recv: u64) -> Result<Status, Error> {
+        let (ni, no) = self.lens(comm.rank());
+        let stream = comm.stream();
+        let s = RawBuf::<T>::new(send, ni, stream.clone());
+        let mut d = RawBuf::<T>::new(recv, no, stream.clone());
+        match self.coll {
+            Coll::AllGather => comm.all_gather(&s, &mut d),
             Coll::AllToAll => comm.all_to_all(&s, &mut d),
             Coll::AllGatherV => comm.all_gather_v(&s, &mut d, &self.per_rank()),
-            Coll::ReduceScatterV => comm.reduce_scatter_v(&s, &mut d, &self.per_rank(), op),
             Coll::AllToAllV => comm.all_to_all_v(&s, &mut d, &self.v_counts()),
             Coll::SendRecv => {
                 let peer = (1 - comm.rank()) as i32;
                 comm.send_recv(&s, peer, &mut d, peer)
+            }
+            Coll::AllReduce | Coll::AllReduceInPlace | Coll::ReduceScatter | Coll::ReduceScatterV => {
+                unreachable!("{}: a reduction (Call::issue dispatches it)", self.name())
             }
         }
     }

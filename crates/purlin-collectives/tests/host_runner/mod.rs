@@ -318,27 +318,89 @@ fn in_place_buffer(case: &Case, r: usize, input: &[u8], out: &[u8]) -> Vec<u8> {
     }
 }
 
+/// The typed reductions where `T` is a [`ReduceType`] (`None` where it is not: such a call
+/// does not compile).
+trait MaybeReduce: CpuType {
+    fn reduce_out<S, R>(comm: &CpuComm, case: &Case, x: &S, y: &mut R) -> Option<Result<(), Error>>
+    where
+        S: CpuBuffer<Self> + ?Sized,
+        R: CpuBufferMut<Self> + ?Sized;
+    fn reduce_in<B: CpuBufferMut<Self> + ?Sized>(comm: &CpuComm, case: &Case, buf: &mut B)
+    -> Option<Result<(), Error>>;
+}
+
+macro_rules! reduces {
+    ($($t:ty),*) => {$(
+        impl MaybeReduce for $t {
+            fn reduce_out<S, R>(comm: &CpuComm, case: &Case, x: &S, y: &mut R) -> Option<Result<(), Error>>
+            where
+                S: CpuBuffer<Self> + ?Sized,
+                R: CpuBufferMut<Self> + ?Sized,
+            {
+                let op = case.op.unwrap_or(ReduceOp::Sum);
+                Some(match case.c {
+                    Collective::AllReduce => comm.all_reduce(x, y, &op),
+                    Collective::ReduceScatter => comm.reduce_scatter(x, y, &op),
+                    Collective::ReduceScatterV => comm.reduce_scatter_v(x, y, &usz(&case.per_rank()), &op),
+                    _ => return None,
+                }.map(drop))
+            }
+            fn reduce_in<B: CpuBufferMut<Self> + ?Sized>(comm: &CpuComm, case: &Case, buf: &mut B)
+            -> Option<Result<(), Error>> {
+                let op = case.op.unwrap_or(ReduceOp::Sum);
+                Some(match case.c {
+                    Collective::AllReduce => comm.all_reduce_in_place(buf, &op),
+                    Collective::ReduceScatter => comm.reduce_scatter_in_place(buf, &op),
+                    _ => return None,
+                }.map(drop))
+            }
+        }
+    )*};
+}
+reduces!(f32, half::f16, half::bf16, i32, u32, F8E4M3, F8E5M2);
+
+macro_rules! never_reduces {
+    ($($t:ty),*) => {$(
+        impl MaybeReduce for $t {
+            fn reduce_out<S, R>(_: &CpuComm, _: &Case, _: &S, _: &mut R) -> Option<Result<(), Error>>
+            where
+                S: CpuBuffer<Self> + ?Sized,
+                R: CpuBufferMut<Self> + ?Sized,
+            {
+                None
+            }
+            fn reduce_in<B: CpuBufferMut<Self> + ?Sized>(_: &CpuComm, _: &Case, _: &mut B)
+            -> Option<Result<(), Error>> {
+                None
+            }
+        }
+    )*};
+}
+never_reduces!(f64, i8, u8, i64, u64);
+
+fn not_reducible<T>(case: &Case) -> Error {
+    Error::Unsupported(format!("{:?} of {}: not a ReduceType", case.c, std::any::type_name::<T>()))
+}
+
 /// The out-of-place call of `case` through the typed API, on any kind of buffer.
 fn call_out_of_place<S, R, T>(comm: &CpuComm, case: &Case, x: &S, y: &mut R) -> Result<(), Error>
 where
     S: CpuBuffer<T> + ?Sized,
     R: CpuBufferMut<T> + ?Sized,
-    T: CpuType,
+    T: MaybeReduce,
 {
-    let op = case.op.unwrap_or(ReduceOp::Sum);
     match case.c {
-        Collective::AllReduce => comm.all_reduce(x, y, &op),
-        Collective::AllGather => comm.all_gather(x, y),
-        Collective::ReduceScatter => comm.reduce_scatter(x, y, &op),
-        Collective::AllToAll => comm.all_to_all(x, y),
-        Collective::AllGatherV => comm.all_gather_v(x, y, &usz(&case.per_rank())),
-        Collective::ReduceScatterV => comm.reduce_scatter_v(x, y, &usz(&case.per_rank()), &op),
+        Collective::AllReduce | Collective::ReduceScatter | Collective::ReduceScatterV => {
+            T::reduce_out(comm, case, x, y).unwrap_or_else(|| Err(not_reducible::<T>(case)))
+        }
+        Collective::AllGather => comm.all_gather(x, y).map(drop),
+        Collective::AllToAll => comm.all_to_all(x, y).map(drop),
+        Collective::AllGatherV => comm.all_gather_v(x, y, &usz(&case.per_rank())).map(drop),
         Collective::AllToAllV => {
             let m: Vec<Vec<usize>> = case.per_pair().iter().map(|r| usz(r)).collect();
-            comm.all_to_all_v(x, y, &m)
+            comm.all_to_all_v(x, y, &m).map(drop)
         }
     }
-    .map(drop)
 }
 
 /// The in-place call of `case` through the typed API (`None` for the V forms, which go
@@ -346,22 +408,19 @@ where
 fn call_in_place<B, T>(comm: &CpuComm, case: &Case, buf: &mut B) -> Option<Result<(), Error>>
 where
     B: CpuBufferMut<T> + ?Sized,
-    T: CpuType,
+    T: MaybeReduce,
 {
-    let op = case.op.unwrap_or(ReduceOp::Sum);
-    Some(
-        match case.c {
-            Collective::AllReduce => comm.all_reduce_in_place(buf, &op),
-            Collective::AllGather => comm.all_gather_in_place(buf),
-            Collective::ReduceScatter => comm.reduce_scatter_in_place(buf, &op),
-            _ => return None,
+    match case.c {
+        Collective::AllReduce | Collective::ReduceScatter => {
+            Some(T::reduce_in(comm, case, buf).unwrap_or_else(|| Err(not_reducible::<T>(case))))
         }
-        .map(drop),
-    )
+        Collective::AllGather => Some(comm.all_gather_in_place(buf).map(drop)),
+        _ => None,
+    }
 }
 
 /// Rank `r`'s call through the typed API (V in-place calls through the byte API).
-fn call_typed<T: CpuType>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+fn call_typed<T: MaybeReduce>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
     if case.symmetric {
         return call_symmetric::<T>(comm, case, input, out);
     }
@@ -388,7 +447,7 @@ fn call_typed<T: CpuType>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut V
 /// [`call_typed`] with `CpuSymmetricBuffer`s (allocated per call: a collective call itself,
 /// every rank the same size, the largest any rank needs, then cut to this rank's length as
 /// `set_len` allows; the V in-place forms use a byte buffer, as the byte API takes).
-fn call_symmetric<T: CpuType>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+fn call_symmetric<T: MaybeReduce>(comm: &CpuComm, case: &Case, input: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
     let es = std::mem::size_of::<T>();
     let lens: Vec<(usize, usize)> = (0..case.world).map(|q| case.lens(q)).collect();
     let (in_cap, out_cap) = lens.iter().fold((0, 0), |(a, b), &(i, o)| (a.max(i), b.max(o)));

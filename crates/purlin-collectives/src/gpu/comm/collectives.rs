@@ -5,7 +5,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use purlin_snac::CollectiveSpec;
 
 use super::{Comm, PeerBuffers, refuse_in_open_group};
-use crate::call::types::{NcclType, ReduceOp, Status, snac_dtype};
+use crate::call::types::{NcclType, ReduceOp, ReduceType, Status, snac_dtype};
 use crate::call::{self, Call, Transfer, byte_len};
 use crate::error::Error;
 
@@ -132,7 +132,7 @@ impl Comm {
     }
 
     /// AllReduce: `recvbuff` (same length as `sendbuff`) receives the reduction over ranks.
-    pub fn all_reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn all_reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         sendbuff: &S,
         recvbuff: &mut R,
@@ -143,7 +143,7 @@ impl Comm {
     }
 
     /// In-place AllReduce.
-    pub fn all_reduce_in_place<R: DevicePtrMut<T>, T: NcclType>(
+    pub fn all_reduce_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         buff: &mut R,
         reduce_op: &ReduceOp,
@@ -164,7 +164,7 @@ impl Comm {
     /// `buff` holds `world` partitions of `buff.len() / world` elements; partition `rank`
     /// receives the reduction over ranks of their partition `rank`, and the other partitions
     /// are left as they were.
-    pub fn reduce_scatter_in_place<R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_scatter_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         buff: &mut R,
         reduce_op: &ReduceOp,
@@ -200,7 +200,7 @@ impl Comm {
 
     /// ReduceScatterV: `sendbuff` is cut into partitions of `counts[p]` elements; rank `r`
     /// receives the reduction of partition `r` over ranks.
-    pub fn reduce_scatter_v<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_scatter_v<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         sendbuff: &S,
         recvbuff: &mut R,
@@ -230,7 +230,7 @@ impl Comm {
     /// NCCL's. It runs as the ReduceScatterV in which only the root receives (counts 0
     /// elsewhere): one kernel (from symmetric inputs with one copy), every
     /// rank's input into the root's links, as [`Comm::broadcast`] out of them.
-    pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         sendbuff: &S,
         recvbuff: Option<&mut R>,
@@ -257,7 +257,7 @@ impl Comm {
 
     /// In-place Reduce to `root`: the result lands in the root's `recvbuff`; the other ranks'
     /// are read and left as they were (the in-place ReduceScatterV of [`Comm::reduce`]).
-    pub fn reduce_in_place<R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         recvbuff: &mut R,
         reduce_op: &ReduceOp,
@@ -269,7 +269,7 @@ impl Comm {
     }
 
     /// ReduceScatter: `sendbuff` holds `world` × `recvbuff.len()` elements.
-    pub fn reduce_scatter<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+    pub fn reduce_scatter<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &self,
         sendbuff: &S,
         recvbuff: &mut R,
@@ -277,6 +277,32 @@ impl Comm {
     ) -> Result<Status, Error> {
         let spec = self.spec::<T>(Call::ReduceScatter { len: recvbuff.len(), op: *reduce_op })?;
         self.collective(spec, sendbuff, recvbuff)
+    }
+
+    /// A call described at run time ([`Call`]) on elements of any [`NcclType`], for the layers
+    /// that pick the collective and the type at run time (the hierarchy, `gpu/hier.rs`): a
+    /// reduction of a type the Atom cannot reduce is [`Error::Unsupported`] here, where the
+    /// typed methods refuse it at compile time ([`ReduceType`]).
+    #[cfg(feature = "nccl")]
+    pub(crate) fn call_any<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        call: Call,
+        sendbuff: &S,
+        recvbuff: &mut R,
+    ) -> Result<Status, Error> {
+        let spec = self.spec::<T>(call)?;
+        self.collective(spec, sendbuff, recvbuff)
+    }
+
+    /// [`Comm::call_any`] in place.
+    #[cfg(feature = "nccl")]
+    pub(crate) fn call_any_in_place<R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        call: Call,
+        buff: &mut R,
+    ) -> Result<Status, Error> {
+        let spec = self.spec::<T>(call)?;
+        self.collective_in_place(spec, buff)
     }
 
     /// Checks a buffer lives on this communicator's GPU.

@@ -13,8 +13,10 @@ use crate::workspace::WorkspaceConfig;
 /// Communicator settings. [`CommConfig::from_env`] is what the cudarc-shaped constructors use.
 #[derive(Debug, Clone)]
 pub struct CommConfig {
-    /// Bound on every host-side wait (set-up, barriers, teardown). Device waits use their own
-    /// bound per call.
+    /// Bound on every **host** wait for a peer: set-up, barriers, symmetric allocation and
+    /// free, teardown ([`Error::Timeout`], "host wait ... timed out"). Not collectives: their
+    /// waits run on the device, bounded by [`Self::device_timeout`]. [`Self::with_timeouts`]
+    /// and `PURLIN_TIMEOUT_S` set both.
     pub timeout: Duration,
     /// Workspace sizes.
     pub workspace: WorkspaceConfig,
@@ -24,7 +26,11 @@ pub struct CommConfig {
     /// compiling for seconds is not taken for dead later), each with its co-residency bound
     /// agreed across ranks. Every rank must request the same list.
     pub kernels: Vec<KernelRequest>,
-    /// Bound of every device wait of a collective (default 300 s, like torch's NCCL timeout).
+    /// Bound on every **device** wait of a collective (default 300 s, like torch's NCCL
+    /// timeout): a peer that skips a call, dies or hangs is reported after this long, on every
+    /// rank that waits for it ([`Error::DeviceTimeout`], "device wait ... timed out", naming
+    /// the peer), and the communicator is poisoned. [`Self::timeout`] does not shorten it:
+    /// setting only that one leaves a skipped call waiting this long.
     pub device_timeout: Duration,
     /// How calls are planned ([`Tuning::from_env`] by default).
     pub tuning: Tuning,
@@ -111,13 +117,21 @@ pub(super) fn switch_from_env(var: &'static str) -> Result<bool, Error> {
 }
 
 impl CommConfig {
+    /// Sets both bounds, [`Self::timeout`] (host waits) and [`Self::device_timeout`] (device
+    /// waits, which is what bounds a skipped or failed call), to `timeout`, as
+    /// `PURLIN_TIMEOUT_S` does.
+    pub fn with_timeouts(self, timeout: Duration) -> Self {
+        Self { timeout, device_timeout: timeout, ..self }
+    }
+
     /// `PURLIN_SHARED_GPU`: `1` lets ranks share a GPU ([`CommConfig::shared_gpu`]); unset,
     /// empty or `0` does not.
     pub fn shared_gpu_from_env() -> Result<bool, Error> {
         switch_from_env("PURLIN_SHARED_GPU")
     }
 
-    /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional),
+    /// Defaults overridden by `PURLIN_TIMEOUT_S` (seconds, may be fractional; both
+    /// [`Self::timeout`] and [`Self::device_timeout`]),
     /// `PURLIN_SHARED_GPU` (`1` or `0`), `PURLIN_CALL_CHECK` (`0` or `1`), `PURLIN_VERIFY`
     /// (`1` or `0`, with `PURLIN_VERIFY_STATES` and `PURLIN_VERIFY_SCHEDULES`) and the workspace and tuning
     /// variables ([`WorkspaceConfig::from_env`], [`Tuning::from_env`]).
@@ -144,5 +158,18 @@ impl CommConfig {
             c.device_timeout = c.timeout;
         }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_timeouts_bounds_host_and_device_waits_alike() {
+        let d = Duration::from_millis(1500);
+        let c = CommConfig::default().with_timeouts(d);
+        assert_eq!((c.timeout, c.device_timeout), (d, d));
+        assert_eq!(CommConfig::default().device_timeout, DEFAULT_TIMEOUT, "the default is unchanged");
     }
 }

@@ -1,10 +1,12 @@
 //! Groups of calls (`group_start`/`group_end` and cudarc's `nccl::Group`): collectives run as
 //! they are called; a group holds its sends and receives until its end.
 
-use cudarc::driver::{CudaView, CudaViewMut, SyncOnDrop};
+use std::marker::PhantomData;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::Comm;
-use crate::call::types::{NcclType, ReduceOp, Status};
+use crate::call::types::{NcclType, ReduceOp, ReduceType, Status};
 use crate::call::{Transfer, byte_len, paired, point_to_point_spec, rank_of};
 use crate::error::Error;
 
@@ -58,6 +60,12 @@ pub(super) fn refuse_in_open_group(what: &str) -> Result<(), Error> {
 /// rank, the k-th send and the k-th receive run together as one call (a world-2 exchange),
 /// for k = 1, 2, …; where one list is longer, its rest runs alone. The peer's group, or its
 /// calls in that order, must mirror them.
+///
+/// Its calls take any cudarc [`DevicePtr`] / [`DevicePtrMut`] by value, as [`Comm`]'s take
+/// them by reference: cudarc's `CudaView` / `CudaViewMut` (what `cudarc::nccl::Group`
+/// takes), `&SymmetricBuffer` / `&mut SymmetricBuffer` (the one-copy path, and no cudarc
+/// event, so a grouped call can be captured into a CUDA graph while the context tracks
+/// events), or a raw device pointer wrapped in a type of your own that implements them.
 #[derive(Debug)]
 pub struct Group<'a> {
     comm: &'a Comm,
@@ -65,13 +73,40 @@ pub struct Group<'a> {
     recvs: Vec<HeldTransfer<'a>>,
 }
 
-/// A send or receive held until its group ends: the peer, the bytes, the device pointer, and
-/// cudarc's record of the buffer's use on the stream (kept until the launch is enqueued).
-#[derive(Debug)]
+/// A buffer a group holds until its end, where its device pointer is taken (with cudarc's
+/// record of the buffer's use on the stream, kept until the launch is enqueued).
+trait HeldBuffer: Send {
+    fn device_ptr_on<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>);
+}
+
+/// A held send's buffer (read by the call).
+struct Read<S, T>(S, PhantomData<fn() -> T>);
+
+impl<S: DevicePtr<T> + Send, T> HeldBuffer for Read<S, T> {
+    fn device_ptr_on<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        self.0.device_ptr(stream)
+    }
+}
+
+/// A held receive's buffer (written by the call).
+struct Written<R, T>(R, PhantomData<fn() -> T>);
+
+impl<R: DevicePtrMut<T> + Send, T> HeldBuffer for Written<R, T> {
+    fn device_ptr_on<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
+        self.0.device_ptr_mut(stream)
+    }
+}
+
+/// A send or receive held until its group ends: the peer, the bytes, and the buffer.
 struct HeldTransfer<'a> {
     transfer: Transfer,
-    ptr: u64,
-    _record: SyncOnDrop<'a>,
+    buffer: Box<dyn HeldBuffer + 'a>,
+}
+
+impl std::fmt::Debug for HeldTransfer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldTransfer").field("transfer", &self.transfer).finish_non_exhaustive()
+    }
 }
 
 impl Drop for Group<'_> {
@@ -106,104 +141,111 @@ impl<'g> Group<'g> {
 
     fn run_held(&mut self) -> Result<Status, Error> {
         let c = self.comm;
-        let ptr = |h: &Option<HeldTransfer<'_>>| h.as_ref().map_or(0, |h| h.ptr);
         let transfer = |h: &Option<HeldTransfer<'_>>| h.as_ref().map(|h| h.transfer);
-        for (send, recv) in paired(std::mem::take(&mut self.sends), std::mem::take(&mut self.recvs)) {
+        for (mut send, mut recv) in paired(std::mem::take(&mut self.sends), std::mem::take(&mut self.recvs)) {
             let spec = point_to_point_spec(c.world, c.rank, transfer(&send), transfer(&recv))?;
-            // `send` and `recv` (with their stream records) live until after the launch.
-            c.point_to_point_at(spec, ptr(&send), ptr(&recv))?;
+            // The stream records live until after the launch is enqueued.
+            let (send_ptr, _send_record) = held_ptr(&mut send, &c.stream);
+            let (recv_ptr, _recv_record) = held_ptr(&mut recv, &c.stream);
+            c.point_to_point_at(spec, send_ptr, recv_ptr)?;
         }
         Ok(Status::Success)
     }
 
     /// Holds a send to `peer` until the group ends ([`Comm::send`]); the group's k-th send
     /// meets the peer's k-th receive from this rank.
-    pub fn send<'s: 'g, T: NcclType>(&mut self, data: CudaView<'s, T>, peer: i32) -> Result<(), Error> {
+    pub fn send<S: DevicePtr<T> + Send + 'g, T: NcclType + 'static>(
+        &mut self,
+        data: S,
+        peer: i32,
+    ) -> Result<(), Error> {
         let transfer = Transfer { peer: rank_of(peer, self.comm.world, "send")?, bytes: byte_len::<T>(data.len()) };
         point_to_point_spec(self.comm.world, self.comm.rank, Some(transfer), None)?;
         self.comm.check_device(&data)?;
-        let (ptr, record) = data.view_ptr(&self.comm.stream);
-        self.sends.push(HeldTransfer { transfer, ptr, _record: record });
+        self.sends.push(HeldTransfer { transfer, buffer: Box::new(Read(data, PhantomData)) });
         Ok(())
     }
 
     /// Holds a receive from `peer` until the group ends ([`Comm::recv`]); the group's k-th
     /// receive meets the peer's k-th send to this rank.
-    pub fn recv<'r: 'g, T: NcclType>(&mut self, buff: CudaViewMut<'r, T>, peer: i32) -> Result<Status, Error> {
+    pub fn recv<R: DevicePtrMut<T> + Send + 'g, T: NcclType + 'static>(
+        &mut self,
+        buff: R,
+        peer: i32,
+    ) -> Result<Status, Error> {
         let transfer = Transfer { peer: rank_of(peer, self.comm.world, "recv")?, bytes: byte_len::<T>(buff.len()) };
         point_to_point_spec(self.comm.world, self.comm.rank, None, Some(transfer))?;
         self.comm.check_device(&buff)?;
-        let (ptr, record) = buff.view_ptr_mut(&self.comm.stream);
-        self.recvs.push(HeldTransfer { transfer, ptr, _record: record });
+        self.recvs.push(HeldTransfer { transfer, buffer: Box::new(Written(buff, PhantomData)) });
         Ok(Status::Success)
     }
 
     /// [`Comm::broadcast`].
-    pub fn broadcast<'s: 'g, 'r: 'g, T: NcclType>(
+    pub fn broadcast<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
         &mut self,
-        sendbuff: Option<CudaView<'s, T>>,
-        mut recvbuff: CudaViewMut<'r, T>,
+        sendbuff: Option<S>,
+        mut recvbuff: R,
         root: i32,
     ) -> Result<Status, Error> {
         self.comm.broadcast(sendbuff.as_ref(), &mut recvbuff, root)
     }
 
     /// [`Comm::broadcast_in_place`].
-    pub fn broadcast_in_place<'r: 'g, T: NcclType>(
+    pub fn broadcast_in_place<R: DevicePtrMut<T>, T: NcclType>(
         &mut self,
-        mut recvbuff: CudaViewMut<'r, T>,
+        mut recvbuff: R,
         root: i32,
     ) -> Result<Status, Error> {
         self.comm.broadcast_in_place(&mut recvbuff, root)
     }
 
     /// [`Comm::all_gather`].
-    pub fn all_gather<'s: 'g, 'r: 'g, T: NcclType>(
+    pub fn all_gather<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
         &mut self,
-        sendbuff: CudaView<'s, T>,
-        mut recvbuff: CudaViewMut<'r, T>,
+        sendbuff: S,
+        mut recvbuff: R,
     ) -> Result<Status, Error> {
         self.comm.all_gather(&sendbuff, &mut recvbuff)
     }
 
     /// [`Comm::all_reduce`].
-    pub fn all_reduce<'s: 'g, 'r: 'g, T: NcclType>(
+    pub fn all_reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
-        sendbuff: CudaView<'s, T>,
-        mut recvbuff: CudaViewMut<'r, T>,
+        sendbuff: S,
+        mut recvbuff: R,
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
         self.comm.all_reduce(&sendbuff, &mut recvbuff, reduce_op)
     }
 
     /// [`Comm::all_reduce_in_place`].
-    pub fn all_reduce_in_place<'r: 'g, T: NcclType>(
+    pub fn all_reduce_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
-        mut buff: CudaViewMut<'r, T>,
+        mut buff: R,
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
         self.comm.all_reduce_in_place(&mut buff, reduce_op)
     }
 
     /// [`Comm::all_gather_in_place`].
-    pub fn all_gather_in_place<'r: 'g, T: NcclType>(&mut self, mut buff: CudaViewMut<'r, T>) -> Result<Status, Error> {
+    pub fn all_gather_in_place<R: DevicePtrMut<T>, T: NcclType>(&mut self, mut buff: R) -> Result<Status, Error> {
         self.comm.all_gather_in_place(&mut buff)
     }
 
     /// [`Comm::reduce_scatter_in_place`].
-    pub fn reduce_scatter_in_place<'r: 'g, T: NcclType>(
+    pub fn reduce_scatter_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
-        mut buff: CudaViewMut<'r, T>,
+        mut buff: R,
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
         self.comm.reduce_scatter_in_place(&mut buff, reduce_op)
     }
 
     /// [`Comm::reduce`].
-    pub fn reduce<'s: 'g, 'r: 'g, T: NcclType>(
+    pub fn reduce<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
-        sendbuff: CudaView<'s, T>,
-        recvbuff: Option<CudaViewMut<'r, T>>,
+        sendbuff: S,
+        recvbuff: Option<R>,
         reduce_op: &ReduceOp,
         root: i32,
     ) -> Result<Status, Error> {
@@ -212,9 +254,9 @@ impl<'g> Group<'g> {
     }
 
     /// [`Comm::reduce_in_place`].
-    pub fn reduce_in_place<'s: 'g, T: NcclType>(
+    pub fn reduce_in_place<R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
-        mut recvbuff: CudaViewMut<'s, T>,
+        mut recvbuff: R,
         reduce_op: &ReduceOp,
         root: i32,
     ) -> Result<Status, Error> {
@@ -222,12 +264,23 @@ impl<'g> Group<'g> {
     }
 
     /// [`Comm::reduce_scatter`].
-    pub fn reduce_scatter<'s: 'g, 'r: 'g, T: NcclType>(
+    pub fn reduce_scatter<S: DevicePtr<T>, R: DevicePtrMut<T>, T: ReduceType>(
         &mut self,
-        sendbuff: CudaView<'s, T>,
-        mut recvbuff: CudaViewMut<'r, T>,
+        sendbuff: S,
+        mut recvbuff: R,
         reduce_op: &ReduceOp,
     ) -> Result<Status, Error> {
         self.comm.reduce_scatter(&sendbuff, &mut recvbuff, reduce_op)
+    }
+}
+
+/// A held transfer's device pointer and stream record; 0 and none for a side that is absent.
+fn held_ptr<'a>(held: &'a mut Option<HeldTransfer<'_>>, stream: &'a CudaStream) -> (u64, Option<SyncOnDrop<'a>>) {
+    match held {
+        Some(h) => {
+            let (ptr, record) = h.buffer.device_ptr_on(stream);
+            (ptr, Some(record))
+        }
+        None => (0, None),
     }
 }

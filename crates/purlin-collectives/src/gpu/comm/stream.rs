@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, sys};
 
 use super::{Comm, RawBuffer, SymmetricBuffer};
-use crate::call::types::{NcclType, ReduceOp, Status};
+use crate::call::types::{NcclType, ReduceOp, ReduceType, Status};
 use crate::error::{Error, driver};
 
 mod sealed {
@@ -180,13 +180,13 @@ impl<'a> OnStream<'a> {
     where
         S: DevicePtr<T> + Untracked,
         R: DevicePtrMut<T> + Untracked,
-        T: NcclType,
+        T: ReduceType,
     {
         self.run(|c| c.all_reduce(sendbuff, recvbuff, op))
     }
 
     /// [`Comm::all_reduce_in_place`].
-    pub fn all_reduce_in_place<R: DevicePtrMut<T> + Untracked, T: NcclType>(
+    pub fn all_reduce_in_place<R: DevicePtrMut<T> + Untracked, T: ReduceType>(
         &self,
         buff: &mut R,
         op: &ReduceOp,
@@ -217,13 +217,13 @@ impl<'a> OnStream<'a> {
     where
         S: DevicePtr<T> + Untracked,
         R: DevicePtrMut<T> + Untracked,
-        T: NcclType,
+        T: ReduceType,
     {
         self.run(|c| c.reduce_scatter(sendbuff, recvbuff, op))
     }
 
     /// [`Comm::reduce_scatter_in_place`].
-    pub fn reduce_scatter_in_place<R: DevicePtrMut<T> + Untracked, T: NcclType>(
+    pub fn reduce_scatter_in_place<R: DevicePtrMut<T> + Untracked, T: ReduceType>(
         &self,
         buff: &mut R,
         op: &ReduceOp,
@@ -262,7 +262,7 @@ impl<'a> OnStream<'a> {
     where
         S: DevicePtr<T> + Untracked,
         R: DevicePtrMut<T> + Untracked,
-        T: NcclType,
+        T: ReduceType,
     {
         self.run(|c| c.reduce_scatter_v(sendbuff, recvbuff, counts, op))
     }
@@ -307,13 +307,13 @@ impl<'a> OnStream<'a> {
     where
         S: DevicePtr<T> + Untracked,
         R: DevicePtrMut<T> + Untracked,
-        T: NcclType,
+        T: ReduceType,
     {
         self.run(|c| c.reduce(sendbuff, recvbuff, op, root))
     }
 
     /// [`Comm::reduce_in_place`].
-    pub fn reduce_in_place<R: DevicePtrMut<T> + Untracked, T: NcclType>(
+    pub fn reduce_in_place<R: DevicePtrMut<T> + Untracked, T: ReduceType>(
         &self,
         buff: &mut R,
         op: &ReduceOp,

@@ -15,8 +15,15 @@
 //! the same roles; a rank that passes other memory runs the staged plan, whose call digest
 //! differs, so with the call check on ([`crate::CommConfig::call_check`], the default) every
 //! rank gets [`Error::Mismatch`]; with it off the call ends in a device timeout on every rank
-//! (the one-copy plan's flags never meet the staged plan's). Never corrupted memory. Buffers
-//! elsewhere, including inside a symmetric buffer at another offset, take the staged path.
+//! (the one-copy plan's flags never meet the staged plan's). Never corrupted memory. Other
+//! buffers take the staged path.
+//!
+//! A symmetric buffer is used from its start: it cannot be sliced ([`SymmetricBuffer::set_len`]
+//! shows a prefix, [`SymmetricBuffer::view_as`] another element type), and a buffer that
+//! starts *inside* one (a raw pointer at an offset) is refused with
+//! [`Error::InvalidArgument`] before anything runs. Taking the one-copy path there would
+//! address every peer's buffer at this rank's offset, which no check holds the peers to;
+//! taking the staged path silently would hide that the call is not one-copy.
 //!
 //! Purlin allocates the memory itself (`cuMemAlloc`, shared by CUDA IPC between processes, by
 //! address within one): cudarc's allocations come from a stream-ordered pool that legacy IPC
@@ -129,6 +136,44 @@ impl<T> DevicePtrMut<T> for SymmetricBuffer<T> {
     }
 }
 
+// By reference too, so that calls taking buffers by value (a `Group`'s, like
+// `cudarc::nccl::Group`'s) borrow a symmetric buffer instead of consuming it.
+impl<T> DeviceSlice<T> for &SymmetricBuffer<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for &SymmetricBuffer<T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (**self).device_ptr(stream)
+    }
+}
+
+impl<T> DeviceSlice<T> for &mut SymmetricBuffer<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for &mut SymmetricBuffer<T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (**self).device_ptr(stream)
+    }
+}
+
+impl<T> DevicePtrMut<T> for &mut SymmetricBuffer<T> {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (**self).device_ptr_mut(stream)
+    }
+}
+
 impl Comm {
     /// Which of a call's buffers are symmetric (the one-copy path), with every rank's as
     /// mapped here: out of place, `input` and `output` each; in place, the one buffer at
@@ -148,7 +193,19 @@ impl Comm {
         // Every rank's base of the symmetric buffer at `ptr`, each of which must hold
         // `need(rank)` bytes (peers access every rank's), shifted by `shift(rank)`.
         let at = |ptr: u64, need: &dyn Fn(u32) -> u64, shift: &dyn Fn(u32) -> u64, what: &str| {
-            let Some(m) = records.iter().map(|r| &r.mem).find(|m| m.addrs[self.rank] == ptr) else { return Ok(None) };
+            let inside = |m: &&SymmetricMem| (m.addrs[self.rank]..m.addrs[self.rank] + m.bytes as u64).contains(&ptr);
+            let Some(m) = records.iter().map(|r| &*r.mem).find(inside) else { return Ok(None) };
+            let offset = ptr - m.addrs[self.rank];
+            if offset != 0 {
+                // The one-copy plan would address every peer's buffer at this rank's offset,
+                // which nothing checks the peers agree on.
+                return Err(Error::InvalidArgument(format!(
+                    "the {what} starts {offset} bytes into a symmetric buffer of {} bytes: collectives take symmetric \
+                     buffers from their start only (SymmetricBuffer::set_len shows a prefix, view_as another type; \
+                     for a part further in, use a symmetric buffer of its own)",
+                    m.bytes
+                )));
+            }
             if let Some(q) = (0..self.world as u32).find(|&q| need(q) > m.bytes as u64) {
                 return Err(Error::InvalidArgument(format!(
                     "a symmetric buffer of {} bytes as the {what}: rank {q}'s needs {} bytes, and peers access every \
