@@ -85,7 +85,7 @@ fn check(world: usize, dead: usize, symmetric: bool) {
             }
             // A survivor whose wait another survivor's expiry cut short: the reason it quotes
             // names the dead rank.
-            Error::Poisoned(why) => assert!(why.contains(&format!("waiting for rank {dead}")), "{ctx}"),
+            Error::Poisoned(why) => assert!(why.contains(&format!("host wait for rank {dead}")), "{ctx}"),
             other => panic!("{ctx}: expected a timeout or a poisoned world, got {other:?}"),
         }
         // The flight recorder's report, in the error and from the communicator.
