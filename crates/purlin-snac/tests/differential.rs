@@ -118,3 +118,33 @@ fn the_reference_agrees_with_the_corpus() {
         }
     }
 }
+
+/// Verdicts do not depend on the exploration order: on edited plans the verifier says the
+/// same with its partial-order reduction on and off (both exhaustive).
+#[test]
+fn verdicts_are_the_same_with_the_reduction_on_and_off() {
+    use purlin_snac::verify::{Reduction, verify};
+    let t0 = Instant::now();
+    let mut rng = Rng::new(5);
+    let (mut compared, mut rejected) = (0, 0);
+    while t0.elapsed() < Duration::from_secs(10) && compared < 2000 {
+        let e = 1 + rng.below(2) as u32;
+        let Some(case) = fuzz::case(&mut rng, e) else { continue };
+        let on = verify(&case.calls, &fuzz::verifier_options(50_000));
+        let off = verify(
+            &case.calls,
+            &purlin_snac::verify::Options { reduction: Reduction::Off, ..fuzz::verifier_options(50_000) },
+        );
+        let budget = |r: &purlin_snac::verify::Report| {
+            r.result.as_ref().err().is_some_and(|v| v.message.starts_with("state budget"))
+        };
+        if budget(&on) || budget(&off) {
+            continue;
+        }
+        assert_eq!(on.ok(), off.ok(), "{}: on {:?}, off {:?}", case.what, on.result.err(), off.result.err());
+        compared += 1;
+        rejected += usize::from(!on.ok());
+    }
+    println!("{compared} edited plan sets, {rejected} rejected, the same verdict with the reduction on and off");
+    assert!(compared >= 20 && rejected > 0, "{compared} compared, {rejected} rejected");
+}
