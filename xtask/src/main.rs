@@ -3,7 +3,9 @@
 //! - `nvrtc`      install the pinned NVRTC wheel under target/ (if no libnvrtc is found there)
 //! - `test`       set NVRTC up, then `cargo test --workspace` (the README's test command);
 //!   `test --full` also runs the host executor's full matrix (ignored by default: minutes)
-//! - `verify`     the SNAC verifier's tests; `verify --full` adds the larger exhaustive set
+//! - `verify`     the SNAC verifier's tests; `verify --full` adds the larger exhaustive set;
+//!   `verify --fuzz N [--seed S] [--save DIR]` the verifier against the reference checker on
+//!   N randomly edited plan sets
 //! - `gpu-round`  build everything a GPU round needs into ./gpu-round (docs/dev/gpu-rounds.md);
 //!   `gpu-round --lean` only what collective rounds use, to fit the device tool's 64 MiB
 //! - `bench`      the collectives benchmark (`purlin-bench`), Purlin beside NCCL (without a GPU:
@@ -24,6 +26,7 @@ use xtask::{NVRTC_WHEEL, nvrtc_install_dir, nvrtc_lib_dir, workspace_root};
 mod ab_round;
 mod gpu_round;
 mod kernels;
+mod verify;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,7 +42,7 @@ fn main() -> Result<()> {
         "ab-round" => ab_round::ab_round(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <nvrtc | test [cargo test args] | verify [--full] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR] | resources [FILTER] | ab-round [--out DIR] [--sweeps FILE] [--reps N] BASE CANDIDATE...>"
+                "usage: cargo xtask <nvrtc | test [cargo test args] | verify [--full | --fuzz N] | gpu-round [--lean] [--out DIR] | bench [bench args] | cubin FILTER [DIR] | resources [FILTER] | ab-round [--out DIR] [--sweeps FILE] [--reps N] BASE CANDIDATE...>"
             );
             if matches!(cmd, "help" | "--help" | "-h") { Ok(()) } else { bail!("unknown command {cmd:?}") }
         }
@@ -108,10 +111,13 @@ fn test(args: &[String]) -> Result<()> {
 /// The verifier's tests (in release: the model checker is ~15x faster); `--full` adds the
 /// exhaustive sets beyond CI's budget.
 fn verify(args: &[String]) -> Result<()> {
+    if verify::fuzz(args)? {
+        return Ok(());
+    }
     let full = match args {
         [] => false,
         [f] if f == "--full" => true,
-        _ => bail!("usage: cargo xtask verify [--full]"),
+        _ => bail!("usage: cargo xtask verify [--full | --fuzz N [--seed S] [--save DIR]]"),
     };
     let mut cmd = cargo();
     cmd.args(["test", "--release", "-p", "purlin-snac", "--test", "verify"]);

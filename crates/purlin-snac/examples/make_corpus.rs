@@ -184,4 +184,90 @@ fn main() {
         p,
         3,
     );
+
+    // ---- issue 49: what the verifier once accepted (each with its good twin) ----
+    // Class 3, the zeroed workspace: one chunk, the consumer waits for `E + 0` instead of
+    // `E + 1`. On a rank's first call the zero flag satisfies it at once, before anything is
+    // staged; the model once blocked on the never-written flag and waited for the signal.
+    let one_chunk = PlanConfig { chunk_bytes: 32, ..tp(StagingSide::Peer) };
+    let good = derive(&CollectiveSpec::all_gather(2, DataType::U8, 16), &one_chunk).unwrap();
+    write(
+        "accept",
+        "first-call-waits-for-its-signal",
+        "AllGather w2, one chunk: the derived plans",
+        None,
+        good.clone(),
+        1,
+    );
+    let mut p = good;
+    for plan in &mut p {
+        for s in body(plan, 1) {
+            if let Step::Wait { value, .. } = s {
+                value.add = 0;
+            }
+        }
+    }
+    write(
+        "reject",
+        "zero-flag-satisfies-a-wait-for-e",
+        "AllGather w2, one chunk, first call: the consumer waits for E + 0, which the zeroed flag holds",
+        Some("readiness"),
+        p,
+        1,
+    );
+
+    // Class 4, resources against the spec: rank 1 declares half its output; the bytes past
+    // the declaration were never checked.
+    let good = derive(&CollectiveSpec::all_gather(2, DataType::U8, 48), &lat).unwrap();
+    write("accept", "declared-sizes-are-the-specs", "latency AllGather w2: the derived plans", None, good.clone(), 2);
+    let mut p = good;
+    p[1].resources.output_bytes /= 2;
+    for b in &mut p[1].blocks {
+        b.steps.retain(|s| match s {
+            Step::Gather { dst, len, .. } => dst.offset.base + len.max <= 48,
+            _ => true,
+        });
+    }
+    write(
+        "reject",
+        "output-declared-smaller-than-the-spec",
+        "latency AllGather w2: rank 1 declares 48 of its 96 output bytes and gathers only those",
+        Some("resources"),
+        p,
+        2,
+    );
+
+    // Class 5, the input is read-only out of place: each rank's own-part copy moves into the
+    // packet block (its twin, accepted), and after every read of the input that block copies
+    // the input's last bytes over its first (the API took the input by `&`).
+    let mut p = derive(&CollectiveSpec::all_gather(2, DataType::U8, 48), &lat).unwrap();
+    for plan in &mut p {
+        let own = plan.blocks.remove(1).steps;
+        plan.blocks[0].steps.extend(own);
+    }
+    write(
+        "accept",
+        "own-part-copied-by-the-packet-block",
+        "latency AllGather w2: one block per rank",
+        None,
+        p.clone(),
+        2,
+    );
+    for plan in &mut p {
+        plan.blocks[0].steps.push(Step::Gather {
+            dst: Region::input(Offset::fixed(0)),
+            src: Region::input(Offset::fixed(32)),
+            len: Len::fixed(16),
+            expect: None,
+            guard: Guard::ALWAYS,
+        });
+    }
+    write(
+        "reject",
+        "out-of-place-input-written",
+        "latency AllGather w2: a block writes its rank's input after reading it",
+        Some("read-only-input"),
+        p,
+        1,
+    );
 }

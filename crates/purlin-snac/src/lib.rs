@@ -94,6 +94,7 @@
 #![forbid(unsafe_code)]
 
 pub mod derive;
+pub mod fuzz;
 pub mod key;
 pub mod params;
 pub mod plan;

@@ -73,6 +73,7 @@ mod explore;
 pub mod mem;
 pub mod mutate;
 mod reduction;
+pub mod reference;
 mod semantics;
 mod state;
 pub mod twin;
@@ -112,6 +113,10 @@ pub enum Property {
     Deadlock,
     /// An output byte does not hold exactly its contributions.
     Semantics,
+    /// An out-of-place call writes its input (the API takes it by `&`).
+    ReadOnlyInput,
+    /// A plan declares input or output sizes other than its spec's.
+    Resources,
 }
 
 impl fmt::Display for Property {
@@ -127,6 +132,8 @@ impl fmt::Display for Property {
             Property::AllPairs => "all-pairs",
             Property::Deadlock => "deadlock",
             Property::Semantics => "semantics",
+            Property::ReadOnlyInput => "read-only-input",
+            Property::Resources => "resources",
         };
         f.write_str(s)
     }
@@ -299,10 +306,13 @@ pub fn verify(calls: &[Vec<Plan>], opts: &Options) -> Report {
     let tw = twin::twin(calls, &senses(calls));
     let cutoff = tw.cutoff;
     let opts = *opts;
+    let originals = calls.to_vec();
     // Deep interleavings recurse deeply: explore on a thread with a large stack.
     let h = std::thread::Builder::new().stack_size(256 << 20).spawn(move || {
         let mut m = Model::new(&tw.calls);
         m.skip = tw.skip;
+        // An agreed advance must cover the epoch offsets of the whole plans, not the twin's.
+        m.maxoff = originals.iter().map(|ps| ps.iter().map(max_epoch_offset).collect()).collect();
         let exhaustive = || {
             let mut x = Explorer {
                 m: &m,
@@ -425,6 +435,23 @@ fn static_checks(calls: &[Vec<Plan>], opts: &Options) -> Result<(), Violation> {
             return Err(viol(Property::Structure, format!("call {k} has a different world")));
         }
         check_set(plans).map_err(|e| viol(Property::Structure, format!("call {k}: {e}")))?;
+        for p in plans {
+            // The buffers a call gets are the spec's: a smaller declaration leaves output
+            // bytes no check sees, a larger one lets steps run past the user's buffers.
+            let (r, res) = (p.rank, &p.resources);
+            if (res.input_bytes, res.output_bytes) != (p.spec.input_bytes(r), p.spec.output_bytes(r)) {
+                return Err(viol(
+                    Property::Resources,
+                    format!(
+                        "call {k} rank {r}: declares {} input and {} output bytes, its spec {} and {}",
+                        res.input_bytes,
+                        res.output_bytes,
+                        p.spec.input_bytes(r),
+                        p.spec.output_bytes(r)
+                    ),
+                ));
+            }
+        }
         for p in plans {
             if p.blocks.is_empty() {
                 continue;

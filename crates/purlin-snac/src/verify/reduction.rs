@@ -455,8 +455,10 @@ impl Model<'_> {
         match &inst.blk {
             None => true,
             Some(WaitsFor::Wait { idx, val, c }) => {
+                // Flags are zero at set-up: a wait for 0 passes on the initial value.
                 let v = eval(val, e, *c);
-                st.flags[r].get(idx).is_some_and(|h| h.iter().any(|(x, _)| *x >= v))
+                v == 0
+                    || st.flags[r].get(idx).is_some_and(|h| h.iter().any(|(x, _)| *x >= v))
                     || av.flags.get(&(r, *idx)).is_some_and(|&x| x >= v)
             }
             Some(WaitsFor::Packets { locs, val, c }) => {
@@ -467,7 +469,7 @@ impl Model<'_> {
                 })
             }
             Some(WaitsFor::Handshake { key, val }) => {
-                st.hs.get(key).is_some_and(|cell| cell.flag == eval(val, e, 0)) || av.hs.contains(key)
+                st.hs.get(key).map_or(0, |cell| cell.flag) == eval(val, e, 0) || av.hs.contains(key)
             }
         }
     }

@@ -168,6 +168,7 @@ impl Model<'_> {
             return Ok(vec![]);
         }
         let k = self.who[pid].0 as u32;
+        self.within_owners_call(st, pid, rank, sp)?;
         let vc = st.vc[pid].clone();
         let t = vc[pid];
         let m = &mut st.mem[rank][sp];
@@ -221,6 +222,17 @@ impl Model<'_> {
             return Ok(());
         }
         let k = self.who[pid].0 as u32;
+        self.within_owners_call(st, pid, rank, sp)?;
+        if sp == 0 && self.plan(k as usize, rank).resources.alias.is_none() {
+            return Err(viol(
+                Property::ReadOnlyInput,
+                format!(
+                    "{} writes {}, read-only in an out-of-place call",
+                    self.who_s(pid as u32),
+                    Self::space_s(rank, sp)
+                ),
+            ));
+        }
         let vc = st.vc[pid].clone();
         let t = vc[pid];
         let m = &mut st.mem[rank][sp];
@@ -274,10 +286,31 @@ impl Model<'_> {
         Ok(())
     }
 
+    /// An access to rank `rank`'s input or output (`sp` 0 or 1) by a process of another rank
+    /// after `rank` ended that call: it cannot happen before the owner's exit, whatever the
+    /// clocks say (accesses made before the exit are checked against its clock when the
+    /// kernel ends, [`Model::kernel_end`]). Both checks together do not depend on which came
+    /// first in the exploration.
+    fn within_owners_call(&self, st: &State, pid: usize, rank: usize, sp: usize) -> Result<(), Violation> {
+        let (k, r, _) = self.who[pid];
+        if sp < 2 && r != rank && st.cur[rank] as usize > k {
+            return Err(viol(
+                Property::Race,
+                format!(
+                    "{} accesses {} after rank {rank} ended call {k}",
+                    self.who_s(pid as u32),
+                    Self::space_s(rank, sp)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether all packets of a window location carry `flag`.
     pub(super) fn packets_ready(st: &State, l: (usize, usize, u64, u64), flag: u64) -> bool {
         let (rank, sp, a, b) = l;
-        a == b || st.mem[rank][sp].overlapping(a, b).iter().all(|s| s.flag == Some(flag))
+        // A packet never put holds the zeroed window: flag 0.
+        a == b || st.mem[rank][sp].overlapping(a, b).iter().all(|s| s.flag.unwrap_or(0) == flag)
     }
 
     /// Joins the put clocks of the packets at a window location into `pid`'s clock.
@@ -309,8 +342,9 @@ impl Model<'_> {
             Step::Stage { .. } | Step::ChunkLoop { .. } => Ok(true),
             Step::Gather { expect: None, .. } | Step::Reduce { expect: None, .. } => Ok(true),
             Step::Wait { flag, value, .. } => {
+                // Flags are zero at set-up: a wait for 0 is satisfied by the initial value.
                 let v = eval(value, e, c);
-                let ok = st.flags[r].get(&flag.at(c)).is_some_and(|h| h.iter().any(|(x, _)| *x >= v));
+                let ok = v == 0 || st.flags[r].get(&flag.at(c)).is_some_and(|h| h.iter().any(|(x, _)| *x >= v));
                 if ok { Ok(true) } else { Err(on_rank(st, r)) }
             }
             Step::Gather { src, len, expect: Some(x), .. } => {
@@ -331,8 +365,9 @@ impl Model<'_> {
                 }
             }
             Step::HandshakeWait { src, expect, .. } => {
+                // A cell never written holds the zeroed window: flag 0.
                 let key = (r as u32, src.at(0, e & 1));
-                if st.hs.get(&key).is_none_or(|cell| cell.flag != eval(expect, e, 0)) {
+                if st.hs.get(&key).map_or(0, |cell| cell.flag) != eval(expect, e, 0) {
                     Err(on_rank(st, r))
                 } else {
                     Ok(false)
@@ -417,9 +452,12 @@ impl Model<'_> {
                     .push((eval(&notify.value, e, c), snap));
             }
             Step::Wait { flag, value, .. } => {
+                // The first store whose value satisfies the wait: the initial zero (no edge)
+                // where the wait is for 0.
                 let v = eval(value, e, c);
                 let h = st.flags[r].get(&flag.at(c)).map_or(&[][..], |h| &h[..]);
-                if let Some((_, x)) = h.iter().find(|(x, _)| *x >= v) {
+                if v == 0 {
+                } else if let Some((_, x)) = h.iter().find(|(x, _)| *x >= v) {
                     let x = x.clone();
                     join(&mut st.vc[pid], &x);
                 }
@@ -470,9 +508,11 @@ impl Model<'_> {
                 st.wake.touch(*peer as usize);
                 st.hs.insert(key, Cell { value, flag: eval(flag, e, 0), vc, writer: (pid as u32, t), readers: vec![] });
             }
-            Step::HandshakeWait { src, .. } => {
+            Step::HandshakeWait { src, expect, .. } => {
                 let key = (r as u32, src.at(0, e & 1));
-                if let Some(cell) = st.hs.get_mut(&key) {
+                let expect = eval(expect, e, 0);
+                // A wait for 0 may read the zeroed cell (value 0, no edge) before any send.
+                if let Some(cell) = st.hs.get_mut(&key).filter(|cell| expect != 0 || cell.flag == 0) {
                     let t = st.vc[pid][pid];
                     cell.readers.retain(|(q, _)| *q as usize != pid);
                     cell.readers.push((pid as u32, t));
@@ -541,13 +581,36 @@ impl Model<'_> {
                 _ => {}
             }
         }
-        if grid > 0 {
-            let mut end: VectorClock = Rc::new(vec![0; self.nclock]);
-            for b in 0..grid {
-                if let Some(x) = &st.exits[self.base[k][r] + b] {
-                    join(&mut end, x);
+        let mut end: VectorClock = Rc::new(vec![0; self.nclock]);
+        for b in 0..grid {
+            if let Some(x) = &st.exits[self.base[k][r] + b] {
+                join(&mut end, x);
+            }
+        }
+        // Every access by another rank to this rank's buffers so far (its output complete,
+        // its input read) happens before this kernel's end: by the clocks, not by the order
+        // the exploration took (later accesses: `within_owners_call`).
+        for (sp, m) in st.mem[r][..2].iter().enumerate() {
+            for s in &m.segs {
+                let accesses = s.writer.iter().chain(&s.cowriters).chain(&s.readers);
+                for &(q, t) in accesses {
+                    let q = q as usize;
+                    if q < self.who.len() && self.who[q].1 != r && t > end[q] {
+                        return Err(viol(
+                            Property::Race,
+                            format!(
+                                "{} accesses {} [{}, {}) not ordered before rank {r}'s end of call {k}",
+                                self.who_s(q as u32),
+                                Self::space_s(r, sp),
+                                s.start,
+                                s.end
+                            ),
+                        ));
+                    }
                 }
             }
+        }
+        if grid > 0 {
             for y in (0..self.world).filter(|&y| y != r) {
                 let g = self.plan(k, y).blocks.len();
                 if g > 0 && !(0..g).any(|b| end[self.base[k][y] + b] >= 1) {

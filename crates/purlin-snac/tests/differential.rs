@@ -1,0 +1,150 @@
+//! The verifier against the reference checker (`verify::reference`): derived plans must pass
+//! both, and on randomly edited plans they must agree (`purlin_snac::fuzz`); the corpus's
+//! verdicts are the reference's too. Within CI's budget (about 60 s in debug, purlin-snac at
+//! opt-level 3); the long run is `cargo xtask verify --fuzz N`.
+
+use std::time::{Duration, Instant};
+
+use purlin_snac::fuzz::{self, Outcome, Rng};
+use purlin_snac::verify::reference::{self, Verdict};
+
+const VERIFIER_STATES: u64 = 200_000;
+const REFERENCE_STATES: u64 = 30_000;
+
+/// Runs cases from `seed` until `budget` passes or `max` cases ran; panics on a disagreement.
+fn run(seed: u64, edits: fn(&mut Rng) -> u32, budget: Duration, max: u64) -> (u64, u64, u64, u64) {
+    let t0 = Instant::now();
+    let mut rng = Rng::new(seed);
+    let (mut cases, mut accepted, mut rejected, mut inconclusive) = (0, 0, 0, 0);
+    let mut disagreements = vec![];
+    while t0.elapsed() < budget && cases < max {
+        let e = edits(&mut rng);
+        let Some(case) = fuzz::case(&mut rng, e) else { continue };
+        cases += 1;
+        match fuzz::compare(&case.calls, VERIFIER_STATES, REFERENCE_STATES) {
+            Outcome::Agree { accepted: true } => accepted += 1,
+            Outcome::Agree { accepted: false } => rejected += 1,
+            Outcome::Inconclusive => inconclusive += 1,
+            other => disagreements.push(format!("{other:?}\n    case: {}", case.what)),
+        }
+    }
+    println!(
+        "seed {seed}: {cases} cases in {:.1?}: {accepted} accepted, {rejected} rejected by both, {inconclusive} \
+         inconclusive, {} disagreements",
+        t0.elapsed(),
+        disagreements.len()
+    );
+    assert!(disagreements.is_empty(), "disagreements:\n{}", disagreements.join("\n"));
+    (cases, accepted, rejected, inconclusive)
+}
+
+/// Derived plans pass the reference checker, and the verifier agrees.
+#[test]
+fn derived_plans_pass_the_reference_checker() {
+    let (cases, accepted, ..) = run(1, |_| 0, Duration::from_secs(8), 300);
+    assert!(cases >= 5 && accepted * 10 >= cases * 7, "{accepted} of {cases} accepted");
+}
+
+/// Edited plans: verifier and reference agree on every one (the CI budget).
+#[test]
+fn the_verifier_agrees_with_the_reference_on_edited_plans() {
+    let seed = std::env::var("PURLIN_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(11);
+    let (cases, _, rejected, _) = run(seed, |rng| 1 + rng.below(2) as u32, Duration::from_secs(25), 5_000);
+    assert!(cases >= 40 && rejected > 0, "{cases} cases, {rejected} rejected");
+}
+
+/// The reference checker can fail: a derived plan whose one wait is dropped is rejected.
+#[test]
+fn the_reference_rejects_a_plan_without_its_wait() {
+    use purlin_snac::*;
+    let spec = CollectiveSpec::all_gather(2, DataType::U8, 32);
+    let cfg =
+        PlanConfig { chunk_bytes: 16, blocks_per_role: 1, slots: 1, staging_bytes: 1024, ..PlanConfig::default() };
+    let mut plans = derive(&spec, &cfg).expect("plans");
+    assert!(matches!(reference::check(&[plans.clone()], REFERENCE_STATES), Verdict::Accept { .. }));
+    let mut dropped = false;
+    for b in &mut plans[1].blocks {
+        for s in &mut b.steps {
+            if let Step::ChunkLoop { body, .. } = s {
+                if let Some(i) = body.iter().position(|t| matches!(t, Step::Wait { .. })) {
+                    body.remove(i);
+                    dropped = true;
+                }
+            }
+        }
+        if dropped {
+            break;
+        }
+    }
+    assert!(dropped);
+    let v = reference::check(&[plans], REFERENCE_STATES);
+    assert!(matches!(v, Verdict::Reject(_)), "{v:?}");
+}
+
+/// Open (issue 49, class 1): seed 7's case 9x is a plan set whose rank 0 loop was cut to
+/// exactly the cutoff's trips while rank 1's loops are cut with their tails moved; the twin
+/// pairs rank 0's last chunk with rank 1's moved tail, and the verifier accepts what the
+/// reference rejects (a stale chunk in the output). Ignored until the per-stream cut lands.
+#[test]
+#[ignore = "open: the chunk cutoff's prefix cut (issue 49, class 1)"]
+fn open_a_loop_of_cutoff_trips_against_a_moved_tail() {
+    let mut rng = Rng::new(7);
+    for _ in 0..400 {
+        let e = 1 + rng.below(2) as u32;
+        let Some(case) = fuzz::case(&mut rng, e) else { continue };
+        if case.what.ends_with("call 1 rank 0: loop trips") && case.what.starts_with("AllGather w2 F32 Uniform(11)") {
+            let outcome = fuzz::compare(&case.calls, VERIFIER_STATES, REFERENCE_STATES);
+            assert!(matches!(outcome, Outcome::Agree { accepted: false }), "{outcome:?}");
+            return;
+        }
+    }
+    panic!("the case was not drawn");
+}
+
+/// The reference checker agrees with every corpus file's verdict (`tests/plans/`) where its
+/// search finishes within its budget.
+#[test]
+fn the_reference_agrees_with_the_corpus() {
+    for dir in ["accept", "reject"] {
+        let path = format!("{}/tests/plans/{dir}", env!("CARGO_MANIFEST_DIR"));
+        for e in std::fs::read_dir(&path).expect("corpus") {
+            let p = e.expect("entry").path();
+            let c: purlin_snac::verify::Corpus =
+                serde_json::from_slice(&std::fs::read(&p).expect("read")).expect("corpus json");
+            let v = reference::check(&c.calls, 15_000);
+            let want = if dir == "accept" { Some(true) } else { Some(false) };
+            println!("{dir}/{}: {v:?}", p.display());
+            assert!(v.accepted().is_none() || v.accepted() == want, "{}: {v:?}", p.display());
+        }
+    }
+}
+
+/// Verdicts do not depend on the exploration order: on edited plans the verifier says the
+/// same with its partial-order reduction on and off (both exhaustive).
+#[test]
+fn verdicts_are_the_same_with_the_reduction_on_and_off() {
+    use purlin_snac::verify::{Reduction, verify};
+    let t0 = Instant::now();
+    let mut rng = Rng::new(5);
+    let (mut compared, mut rejected) = (0, 0);
+    while t0.elapsed() < Duration::from_secs(10) && compared < 2000 {
+        let e = 1 + rng.below(2) as u32;
+        let Some(case) = fuzz::case(&mut rng, e) else { continue };
+        let on = verify(&case.calls, &fuzz::verifier_options(50_000));
+        let off = verify(
+            &case.calls,
+            &purlin_snac::verify::Options { reduction: Reduction::Off, ..fuzz::verifier_options(50_000) },
+        );
+        let budget = |r: &purlin_snac::verify::Report| {
+            r.result.as_ref().err().is_some_and(|v| v.message.starts_with("state budget"))
+        };
+        if budget(&on) || budget(&off) {
+            continue;
+        }
+        assert_eq!(on.ok(), off.ok(), "{}: on {:?}, off {:?}", case.what, on.result.err(), off.result.err());
+        compared += 1;
+        rejected += usize::from(!on.ok());
+    }
+    println!("{compared} edited plan sets, {rejected} rejected, the same verdict with the reduction on and off");
+    assert!(compared >= 20 && rejected > 0, "{compared} compared, {rejected} rejected");
+}
