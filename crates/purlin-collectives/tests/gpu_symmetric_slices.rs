@@ -6,7 +6,7 @@
 use purlin_collectives::{Comm, Error, SymmetricBuffer};
 
 mod gpu_calls;
-use gpu_calls::{Coll, Dt, RawBuf, base_config, call, fresh_seed, streams};
+use gpu_calls::{Coll, Dt, base_config, call, fresh_seed, raw, streams};
 use purlin_collectives::ReduceOp;
 
 const N: usize = 1 << 16;
@@ -41,8 +41,8 @@ fn a_buffer_inside_a_symmetric_buffer_is_refused_and_nothing_runs() {
     // Input and output each one element in: refused on every rank, before any launch.
     for (c, (i, o)) in comms.iter().zip(ins.iter().zip(&outs)) {
         let s = c.stream();
-        let send = RawBuf::<f32>::new(i.device_address() + 4, N, s.clone());
-        let mut recv = RawBuf::<f32>::new(o.device_address() + 4, world * N, s.clone());
+        let send = raw::<f32>(i.device_address() + 4, N, s.clone());
+        let mut recv = raw::<f32>(o.device_address() + 4, world * N, s.clone());
         match c.all_gather(&send, &mut recv) {
             Err(Error::InvalidArgument(why)) => {
                 assert!(why.contains("4 bytes into a symmetric buffer"), "rank {}: {why}", c.rank())

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr};
 use purlin_collectives::{Comm, CommConfig, Error, ReduceOp};
 use purlin_collectives::{NcclType, ReduceType, Status};
 use purlin_snac::CollectiveSpec;
@@ -293,12 +293,12 @@ impl Call {
     fn reduce_typed<T: ReduceType>(&self, comm: &Comm, send: u64, recv: u64) -> Result<Status, Error> {
         let (ni, no) = self.lens(comm.rank());
         let stream = comm.stream();
-        let s = RawBuf::<T>::new(send, ni, stream.clone());
-        let mut d = RawBuf::<T>::new(recv, no, stream.clone());
+        let s = raw::<T>(send, ni, stream.clone());
+        let mut d = raw::<T>(recv, no, stream.clone());
         let op = &self.op;
         match self.coll {
             Coll::AllReduce => comm.all_reduce(&s, &mut d, op),
-            Coll::AllReduceInPlace => comm.all_reduce_in_place(&mut RawBuf::<T>::new(send, ni, stream), op),
+            Coll::AllReduceInPlace => comm.all_reduce_in_place(&mut raw::<T>(send, ni, stream), op),
             Coll::ReduceScatter => comm.reduce_scatter(&s, &mut d, op),
             Coll::ReduceScatterV => comm.reduce_scatter_v(&s, &mut d, &self.per_rank(), op),
             _ => self.move_typed::<T>(comm, send, recv),
@@ -308,8 +308,8 @@ impl Call {
     fn move_typed<T: NcclType>(&self, comm: &Comm, send: u64, recv: u64) -> Result<Status, Error> {
         let (ni, no) = self.lens(comm.rank());
         let stream = comm.stream();
-        let s = RawBuf::<T>::new(send, ni, stream.clone());
-        let mut d = RawBuf::<T>::new(recv, no, stream.clone());
+        let s = raw::<T>(send, ni, stream.clone());
+        let mut d = raw::<T>(recv, no, stream.clone());
         match self.coll {
             Coll::AllGather => comm.all_gather(&s, &mut d),
             Coll::AllToAll => comm.all_to_all(&s, &mut d),
@@ -332,43 +332,16 @@ impl Call {
     }
 }
 
-/// A device buffer seen through its raw address: implements cudarc's buffer traits without
-/// any event (its `SyncOnDrop` records nothing), so a call taking it can be captured while
-/// the context keeps event tracking on. The caller keeps the memory alive and ordered (here:
-/// every use is on the one stream that owns the `CudaSlice` it points into).
-#[derive(Debug)]
-pub struct RawBuf<T> {
-    ptr: u64,
-    len: usize,
-    stream: Arc<CudaStream>,
-    _t: std::marker::PhantomData<T>,
-}
+/// A device buffer seen through its raw address: the library's `RawBuffer`, which records no
+/// event, so a call taking it can be captured while the context keeps event tracking on.
+pub type RawBuf<T> = purlin_collectives::RawBuffer<T>;
 
-impl<T> RawBuf<T> {
-    pub fn new(ptr: u64, len: usize, stream: Arc<CudaStream>) -> Self {
-        RawBuf { ptr, len, stream, _t: std::marker::PhantomData }
-    }
-}
-
-impl<T> DeviceSlice<T> for RawBuf<T> {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-}
-
-impl<T> DevicePtr<T> for RawBuf<T> {
-    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Record(None))
-    }
-}
-
-impl<T> DevicePtrMut<T> for RawBuf<T> {
-    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Record(None))
-    }
+/// The raw buffer of `len` elements at `ptr`, used on `stream`.
+pub fn raw<T>(ptr: u64, len: usize, stream: Arc<CudaStream>) -> RawBuf<T> {
+    // SAFETY: the tests' buffers are live allocations of this GPU holding `len` elements, kept
+    // until every stream that uses them is synchronised; every use is on the one stream that
+    // owns the `CudaSlice` they point into.
+    unsafe { RawBuf::from_raw(ptr, len, stream) }
 }
 
 /// The raw address of a buffer (read outside any capture).
