@@ -25,7 +25,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys as cu};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys as cu};
 use cudarc::nccl::sys::{self, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
 use super::comm::{Comm, CommConfig};
@@ -549,14 +549,7 @@ impl HierComm {
     /// listen on, the same on every rank: NCCL's own variable; Purlin never binds
     /// `MASTER_PORT`). A world of one node needs no `NCCL_COMM_ID`: it is [`Comm::from_env`].
     pub fn from_env() -> Result<HierComm, Error> {
-        let env = TorchEnv::from_process()?;
-        if !purlin_topo::driver_present() {
-            return Err(purlin_topo::TopoError::NoDriver.into());
-        }
-        let ordinal = env.device_ordinal(purlin_topo::device_count())?;
-        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
-        let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
-        Self::from_env_with_stream(stream, CommConfig::from_env()?)
+        Self::from_env_with_stream(super::comm::torchrun_stream()?, CommConfig::from_env()?)
     }
 
     /// [`HierComm::from_env`] on a given stream and with explicit settings.

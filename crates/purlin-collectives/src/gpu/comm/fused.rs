@@ -64,8 +64,13 @@ pub struct FusedCall<'b> {
     input: u64,
     output: u64,
     peers: PeerBuffers,
-    words: CudaSlice<u64>,
-    barrier: CudaSlice<u32>,
+    /// The plan's words and the grid barrier's two words, owned for the call's life.
+    _words: CudaSlice<u64>,
+    _barrier: CudaSlice<u32>,
+    /// Their device addresses, read once at preparation: a launch reads no
+    /// `CudaSlice`, so it records no cudarc event (captures stay free of them).
+    words_at: u64,
+    barrier_at: u64,
     _buffers: PhantomData<&'b mut ()>,
 }
 
@@ -123,7 +128,21 @@ impl Comm {
         let words = purlin_snac::params::encode(&prepared.plan);
         let words = self.stream.clone_htod(&words).map_err(driver("cuMemcpyHtoDAsync"))?;
         let barrier = self.stream.alloc_zeros::<u32>(2).map_err(driver("cuMemAllocAsync"))?;
-        Ok(FusedCall { comm: self, prepared, key, input, output, peers, words, barrier, _buffers: PhantomData })
+        let words_at = words.device_ptr(&self.stream).0;
+        let barrier_at = barrier.device_ptr(&self.stream).0;
+        Ok(FusedCall {
+            comm: self,
+            prepared,
+            key,
+            input,
+            output,
+            peers,
+            _words: words,
+            _barrier: barrier,
+            words_at,
+            barrier_at,
+            _buffers: PhantomData,
+        })
     }
 }
 
@@ -172,15 +191,13 @@ impl FusedCall<'_> {
         rt.call_number = self.comm.next_call_number();
         let mut flight = self.comm.flight.lock().unwrap_or_else(|e| e.into_inner());
         flight.start(&plan.spec, self.comm.rank as u32, plan.call_digest(), crate::flight::Executor::Gpu);
-        let words = {
-            let (p, _record) = self.words.device_ptr(&self.comm.stream);
-            p
-        };
-        let barrier = {
-            let (p, _record) = self.barrier.device_ptr(&self.comm.stream);
-            p
-        };
-        Ok(CollectiveArgs { rt, words, barrier, blocks: self.blocks(), smem_bytes: self.smem_bytes() })
+        Ok(CollectiveArgs {
+            rt,
+            words: self.words_at,
+            barrier: self.barrier_at,
+            blocks: self.blocks(),
+            smem_bytes: self.smem_bytes(),
+        })
     }
 }
 
@@ -319,7 +336,7 @@ impl FusedLaunch<'_> {
                 self.kernel.name, self.kernel.key, call.key
             )));
         }
-        if self.args.words != call.words.device_ptr(&comm.stream).0 {
+        if self.args.words != call.words_at {
             return Err(Error::InvalidArgument("launch arguments of another prepared call".into()));
         }
         let (gx, gy, gz) = cfg.grid_dim;

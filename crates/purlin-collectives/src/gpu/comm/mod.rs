@@ -302,14 +302,7 @@ impl Comm {
     /// composes nodes. The ranks meet on a name derived from `MASTER_ADDR`, `MASTER_PORT` and
     /// `TORCHELASTIC_RUN_ID` (never on `MASTER_PORT` itself).
     pub fn from_env() -> Result<Self, Error> {
-        let env = TorchEnv::from_process()?;
-        if !purlin_topo::driver_present() {
-            return Err(purlin_topo::TopoError::NoDriver.into());
-        }
-        let ordinal = env.device_ordinal(purlin_topo::device_count())?;
-        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
-        let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
-        Self::from_env_with_stream(stream, CommConfig::from_env()?)
+        Self::from_env_with_stream(torchrun_stream()?, CommConfig::from_env()?)
     }
 
     /// [`Comm::from_env`] on a given stream and with explicit settings.
@@ -538,6 +531,18 @@ impl Drop for Comm {
             );
         }
     }
+}
+
+/// A new stream on torchrun's GPU for this process (`LOCAL_RANK`, or GPU 0 for every rank
+/// with `PURLIN_SHARED_GPU=1`).
+pub(crate) fn torchrun_stream() -> Result<Arc<CudaStream>, Error> {
+    let env = TorchEnv::from_process()?;
+    if !purlin_topo::driver_present() {
+        return Err(purlin_topo::TopoError::NoDriver.into());
+    }
+    let ordinal = env.device_ordinal(purlin_topo::device_count())?;
+    let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+    ctx.new_stream().map_err(driver("cuStreamCreate"))
 }
 
 #[cfg(test)]
