@@ -9,7 +9,7 @@ use xtask::workspace_root;
 use crate::{cargo, ensure_nvrtc, kernels::compile_all, run};
 
 /// Test executables a `--lean` round keeps: the collectives' GPU tests.
-const LEAN_TESTS: [&str; 12] = [
+const LEAN_TESTS: [&str; 13] = [
     "gpu_comm",
     "gpu_collectives",
     "gpu_conformance",
@@ -22,6 +22,7 @@ const LEAN_TESTS: [&str; 12] = [
     "gpu_flight_recorder",
     "gpu_hier",
     "gpu_copy_engine",
+    "gpu_mixed_forms",
 ];
 
 /// Programs a `--lean` round keeps.
