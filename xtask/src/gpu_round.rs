@@ -9,7 +9,7 @@ use xtask::workspace_root;
 use crate::{cargo, ensure_nvrtc, kernels::compile_all, run};
 
 /// Test executables a `--lean` round keeps: the collectives' GPU tests.
-const LEAN_TESTS: [&str; 13] = [
+const LEAN_TESTS: [&str; 15] = [
     "gpu_comm",
     "gpu_collectives",
     "gpu_conformance",
@@ -23,6 +23,8 @@ const LEAN_TESTS: [&str; 13] = [
     "gpu_hier",
     "gpu_copy_engine",
     "gpu_mixed_forms",
+    "gpu_group_graph",
+    "gpu_symmetric_slices",
 ];
 
 /// Programs a `--lean` round keeps.
