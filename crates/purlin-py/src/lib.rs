@@ -66,59 +66,28 @@ impl Dtype {
     }
 }
 
+/// Runs `$body` with `$t` the Rust element type of `$dtype`, for the listed dtypes; any other
+/// dtype gives `$other`.
+macro_rules! dispatch_dtype {
+    ($dtype:expr, $t:ident => $body:expr, [$($variant:ident: $ty:ty),*], $rest:ident => $other:expr) => {
+        match $dtype {
+            $(Dtype::$variant => {
+                type $t = $ty;
+                $body
+            })*
+            #[allow(unreachable_patterns)]
+            $rest => $other,
+        }
+    };
+}
+
 /// Runs `$body` with `$t` the Rust element type of `$dtype`.
 macro_rules! with_dtype {
     ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            Dtype::F32 => {
-                type $t = f32;
-                $body
-            }
-            Dtype::F64 => {
-                type $t = f64;
-                $body
-            }
-            Dtype::F16 => {
-                type $t = half::f16;
-                $body
-            }
-            Dtype::Bf16 => {
-                type $t = half::bf16;
-                $body
-            }
-            Dtype::F8E4M3 => {
-                type $t = F8E4M3;
-                $body
-            }
-            Dtype::F8E5M2 => {
-                type $t = F8E5M2;
-                $body
-            }
-            Dtype::I8 => {
-                type $t = i8;
-                $body
-            }
-            Dtype::U8 => {
-                type $t = u8;
-                $body
-            }
-            Dtype::I32 => {
-                type $t = i32;
-                $body
-            }
-            Dtype::U32 => {
-                type $t = u32;
-                $body
-            }
-            Dtype::I64 => {
-                type $t = i64;
-                $body
-            }
-            Dtype::U64 => {
-                type $t = u64;
-                $body
-            }
-        }
+        dispatch_dtype!($dtype, $t => $body, [
+            F32: f32, F64: f64, F16: half::f16, Bf16: half::bf16, F8E4M3: F8E4M3, F8E5M2: F8E5M2,
+            I8: i8, U8: u8, I32: i32, U32: u32, I64: i64, U64: u64
+        ], other => unreachable!("every dtype is listed: {other:?}"))
     };
 }
 
@@ -126,39 +95,11 @@ macro_rules! with_dtype {
 /// ([`purlin_collectives::ReduceType`]); any other type is `Unsupported` for a reduction.
 macro_rules! with_reduce_dtype {
     ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            Dtype::F32 => {
-                type $t = f32;
-                $body
-            }
-            Dtype::F16 => {
-                type $t = half::f16;
-                $body
-            }
-            Dtype::Bf16 => {
-                type $t = half::bf16;
-                $body
-            }
-            Dtype::F8E4M3 => {
-                type $t = F8E4M3;
-                $body
-            }
-            Dtype::F8E5M2 => {
-                type $t = F8E5M2;
-                $body
-            }
-            Dtype::I32 => {
-                type $t = i32;
-                $body
-            }
-            Dtype::U32 => {
-                type $t = u32;
-                $body
-            }
-            other => Err(Error::Unsupported(format!(
-                "reductions of {other:?} (the Atom reduces float32, float16, bfloat16, fp8, int32, uint32)"
-            ))),
-        }
+        dispatch_dtype!($dtype, $t => $body, [
+            F32: f32, F16: half::f16, Bf16: half::bf16, F8E4M3: F8E4M3, F8E5M2: F8E5M2, I32: i32, U32: u32
+        ], other => Err(Error::Unsupported(format!(
+            "reductions of {other:?} (the Atom reduces float32, float16, bfloat16, fp8, int32, uint32)"
+        ))))
     };
 }
 
