@@ -783,6 +783,26 @@ impl HierComm {
         result
     }
 
+    /// A call on `send` and `recv` (device pointers of this GPU, ordered on this stream).
+    fn separate<S: DevicePtr<T>, R: DevicePtrMut<T>, T: NcclType>(
+        &self,
+        call: HierCall,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<Status, Error> {
+        let (s, _rs) = send.device_ptr(&self.stream);
+        let n = recv.len();
+        let (r, _rr) = recv.device_ptr_mut(&self.stream);
+        self.hier::<T>(call, Some((s, send.len())), (r, n))
+    }
+
+    /// A call in place on `buf`.
+    fn in_place<R: DevicePtrMut<T>, T: NcclType>(&self, call: HierCall, buf: &mut R) -> Result<Status, Error> {
+        let n = buf.len();
+        let (b, _rb) = buf.device_ptr_mut(&self.stream);
+        self.hier::<T>(call, None, (b, n))
+    }
+
     /// AllReduce over the world: node ReduceScatter → rail AllReduce of the `1/local` shard →
     /// node AllGather (the V forms through a scratch shard where `local` does not divide the
     /// count). Results as NCCL's flat `ncclAllReduce`.
@@ -792,10 +812,7 @@ impl HierComm {
         recv: &mut R,
         op: &ReduceOp,
     ) -> Result<Status, Error> {
-        let (s, _rs) = send.device_ptr(&self.stream);
-        let n = recv.len();
-        let (r, _rr) = recv.device_ptr_mut(&self.stream);
-        self.hier::<T>(HierCall::AllReduce(*op), Some((s, send.len())), (r, n))
+        self.separate(HierCall::AllReduce(*op), send, recv)
     }
 
     /// In-place AllReduce.
@@ -804,9 +821,7 @@ impl HierComm {
         buf: &mut R,
         op: &ReduceOp,
     ) -> Result<Status, Error> {
-        let n = buf.len();
-        let (b, _rb) = buf.device_ptr_mut(&self.stream);
-        self.hier::<T>(HierCall::AllReduce(*op), None, (b, n))
+        self.in_place(HierCall::AllReduce(*op), buf)
     }
 
     /// ReduceScatter over the world: rail ReduceScatter of this node's block, then node
@@ -817,10 +832,7 @@ impl HierComm {
         recv: &mut R,
         op: &ReduceOp,
     ) -> Result<Status, Error> {
-        let (s, _rs) = send.device_ptr(&self.stream);
-        let n = recv.len();
-        let (r, _rr) = recv.device_ptr_mut(&self.stream);
-        self.hier::<T>(HierCall::ReduceScatter(*op), Some((s, send.len())), (r, n))
+        self.separate(HierCall::ReduceScatter(*op), send, recv)
     }
 
     /// In-place ReduceScatter (NCCL's convention: the result at part `rank`).
@@ -829,9 +841,7 @@ impl HierComm {
         buf: &mut R,
         op: &ReduceOp,
     ) -> Result<Status, Error> {
-        let n = buf.len();
-        let (b, _rb) = buf.device_ptr_mut(&self.stream);
-        self.hier::<T>(HierCall::ReduceScatter(*op), None, (b, n))
+        self.in_place(HierCall::ReduceScatter(*op), buf)
     }
 
     /// AllGather over the world: node AllGather into this node's block, then rail AllGather
@@ -841,17 +851,12 @@ impl HierComm {
         send: &S,
         recv: &mut R,
     ) -> Result<Status, Error> {
-        let (s, _rs) = send.device_ptr(&self.stream);
-        let n = recv.len();
-        let (r, _rr) = recv.device_ptr_mut(&self.stream);
-        self.hier::<T>(HierCall::AllGather, Some((s, send.len())), (r, n))
+        self.separate(HierCall::AllGather, send, recv)
     }
 
     /// In-place AllGather (this rank's part already at part `rank`).
     pub fn all_gather_in_place<R: DevicePtrMut<T>, T: NcclType>(&self, buf: &mut R) -> Result<Status, Error> {
-        let n = buf.len();
-        let (b, _rb) = buf.device_ptr_mut(&self.stream);
-        self.hier::<T>(HierCall::AllGather, None, (b, n))
+        self.in_place(HierCall::AllGather, buf)
     }
 
     /// AllGatherV: global rank `g` contributes `counts[g]` elements, concatenated in rank order.
@@ -861,10 +866,7 @@ impl HierComm {
         recv: &mut R,
         counts: &[usize],
     ) -> Result<Status, Error> {
-        let (s, _rs) = send.device_ptr(&self.stream);
-        let n = recv.len();
-        let (r, _rr) = recv.device_ptr_mut(&self.stream);
-        self.hier::<T>(HierCall::AllGatherV(counts.to_vec()), Some((s, send.len())), (r, n))
+        self.separate(HierCall::AllGatherV(counts.to_vec()), send, recv)
     }
 
     /// ReduceScatterV: global rank `g` receives `counts[g]` reduced elements.
@@ -875,10 +877,7 @@ impl HierComm {
         counts: &[usize],
         op: &ReduceOp,
     ) -> Result<Status, Error> {
-        let (s, _rs) = send.device_ptr(&self.stream);
-        let n = recv.len();
-        let (r, _rr) = recv.device_ptr_mut(&self.stream);
-        self.hier::<T>(HierCall::ReduceScatterV(counts.to_vec(), *op), Some((s, send.len())), (r, n))
+        self.separate(HierCall::ReduceScatterV(counts.to_vec(), *op), send, recv)
     }
 
     /// AllToAll, delegated whole to NCCL's world communicator (grouped send/recv, one pair per
