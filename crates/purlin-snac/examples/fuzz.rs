@@ -2,14 +2,15 @@
 //! edited derived plans (`purlin_snac::fuzz`). `cargo xtask verify --fuzz N` runs it.
 //!
 //! ```text
-//! cargo run -p purlin-snac --release --example fuzz -- N [--seed S] [--save DIR] [--matching TEXT]
+//! cargo run -p purlin-snac --release --example fuzz -- N [--seed S] [--save DIR] [--matching TEXT] [--case K]
 //! ```
 //! Runs `N` cases from seed `S` (default 1), one or two edits each, and prints the tally:
 //! cases, agreements (accepted and rejected by both), inconclusive cases (a search over its
 //! budget), disagreements, states and time. Each disagreement is printed and, with `--save`,
 //! written to `DIR` as a corpus file (`tests/plans/` format) to keep as a regression case;
-//! `--matching TEXT` saves every case whose description contains `TEXT` instead. Exit status
-//! 1 when any disagreement was found.
+//! `--matching TEXT` saves every case whose description contains `TEXT` instead; `--case K`
+//! draws the first `K` cases but judges (and saves, with `--save`) only case `K`, to reproduce
+//! one case of a long run. Exit status 1 when any disagreement was found.
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -22,16 +23,18 @@ fn main() -> ExitCode {
     let mut seed = 1u64;
     let mut save: Option<String> = None;
     let mut matching: Option<String> = None;
+    let mut only: Option<u64> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--seed" => seed = it.next().and_then(|s| s.parse().ok()).unwrap_or(seed),
             "--save" => save = it.next().cloned(),
             "--matching" => matching = it.next().cloned(),
+            "--case" => only = it.next().and_then(|s| s.parse().ok()),
             s => match s.parse() {
                 Ok(x) => n = x,
                 Err(_) => {
-                    eprintln!("usage: fuzz N [--seed S] [--save DIR] [--matching TEXT]");
+                    eprintln!("usage: fuzz N [--seed S] [--save DIR] [--matching TEXT] [--case K]");
                     return ExitCode::from(2);
                 }
             },
@@ -44,6 +47,9 @@ fn main() -> ExitCode {
         let edits = 1 + rng.below(2) as u32;
         let Some(case) = fuzz::case(&mut rng, edits) else { continue };
         cases += 1;
+        if only.is_some_and(|k| k != cases) {
+            continue;
+        }
         let outcome = fuzz::compare(&case.calls, 200_000, 100_000);
         let keep = match &outcome {
             Outcome::Agree { accepted: true } => {
@@ -65,7 +71,8 @@ fn main() -> ExitCode {
             disagreements += 1;
             println!("case {cases}: disagreement, the {rejector} rejects: {why}\n  {}", case.what);
         }
-        let wanted = keep.is_some() || matching.as_ref().is_some_and(|m| case.what.contains(m.as_str()));
+        let wanted =
+            keep.is_some() || only.is_some() || matching.as_ref().is_some_and(|m| case.what.contains(m.as_str()));
         if let (Some(dir), true) = (&save, wanted) {
             let expect = match &outcome {
                 Outcome::Agree { accepted: true } | Outcome::VerifierRejectsGood(_) => None,

@@ -212,7 +212,9 @@ fn main() -> ExitCode {
     }
     let report = verify::verify(&scenario, &opts);
     if let Some(t) = report.cutoff {
-        println!("checked through the twin: chunk loops cut at slots + 2 = {t} chunks");
+        println!(
+            "checked through the twin: each stretch of a chunk loop between two step ends cut to at most slots + 2 = {t} chunks"
+        );
     }
     match &report.result {
         Ok(()) => println!("verified: {} ({:.3?})", report.coverage, report.elapsed),

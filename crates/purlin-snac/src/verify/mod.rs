@@ -47,11 +47,13 @@
 //!
 //! # Chunk cutoff
 //!
-//! [`verify`] explores the *twin* of the plans: chunk loops longer than `slots + 2` trips are
-//! cut to `slots + 2`, keeping each step's partial last chunk. The construction and the
-//! argument why it covers chunk-uniform plans are in [`twin`]; static checks see the original
-//! plans, and [`Report::cutoff`] says when the twin was used. [`twin_spec`] does the same on
-//! a spec, for callers that want to derive smaller plans in the first place.
+//! [`verify`] explores the *twin* of the plans: each stretch of a chunk loop between two
+//! step ends (trips, guard ends, length ends) is cut to at most `slots + 2` chunks, and every
+//! step keeps its partial last chunk and its distance to the other steps' ends. The
+//! construction and the argument why it covers chunk-uniform plans are in [`twin`]; static
+//! checks see the original plans, and [`Report::cutoff`] says when the twin was used.
+//! [`twin_spec`] does the same on a spec, for callers that want to derive smaller plans in
+//! the first place.
 //!
 //! # Files
 //!

@@ -5,20 +5,30 @@
 //!
 //! Let `L` be the plan set's lap: the least common multiple of every chunk modulus of its
 //! offsets and flag/counter indices (its slot count; 1 when nothing is cyclic), and
-//! `T = L + 2` (`min(chunks, slots + 2)`). Every chunk loop of more than `T` trips is cut to
-//! `T` trips. Each step of such a loop keeps its offsets, indices, epoch values and guards, so
-//! twin chunk `c` uses the slot, flag and counter words of chunk `c`, with the values of
-//! chunk `c`: the twin runs the original's first `T` chunks. When every cut step of the call
-//! is active on the same chunks `[0, n)` (its guard's `until`, clamped by the chunks its
-//! length is non-zero on), the *tail* moves forward too: `until - (n - T)` and lengths
-//! shifted by `n - T` chunks, so twin chunk `T - 1` moves exactly as many bytes as the
-//! original's last chunk `n - 1` (a partial chunk stays partial). Steps of different extents
-//! (block slices of which the last is empty, readers and writers with different block
-//! counts, V partitions) are not shifted: shifting them independently could pair a
-//! producer's tail with a consumer's full chunk, which no execution of the original does.
-//! **Open gap** (issue 49, class 1, found again by the differential fuzzer): such a prefix
-//! cut never runs the last chunks, so a wait or drain skipped only there is not explored;
-//! nor is a loop of exactly `T` trips that meets a cut loop's moved tail.
+//! `T = L + 2`. The *ends* of a call are every chunk index at which one of its loop steps
+//! stops: each loop's trips, each step's guard end (`until`) and the end of its non-empty
+//! lengths, all clamped by the trips. Sorted, `e_1 < e_2 < ...`, they split the chunk range
+//! into stretches `[0, e_1)`, `[e_1, e_2)`, ...; the cut keeps at most `T` chunks of each
+//! stretch and drops the rest of its middle, so the twin positions are
+//! `e'_1 = min(e_1, T)` and `e'_{i+1} = e'_i + min(e_{i+1} - e_i, T)`. Every step end moves
+//! back by the chunks dropped before it, `e_i - e'_i`: a guard's `until`, a length's total
+//! (shifted by that many chunks, so the step's last twin chunk moves exactly as many bytes as
+//! its original last chunk: a partial chunk stays partial) and a loop's trips. Twin chunk `c`
+//! keeps the offsets, indices and epoch values of the original's chunk `c`.
+//!
+//! The cut is one for the whole call, not per step: every pair of steps keeps the order of
+//! its ends and their distance up to `T` chunks, so a producer's tail still meets the chunk
+//! its consumer has there, a step that stops early (a guard narrowed by one chunk, a block
+//! slice that is empty, a V partition shorter than another) stops early in the twin too, and
+//! its last chunks are explored. A loop too short to be cut (at most `T` trips) has its ends
+//! in the first stretch, which the cut keeps whole, so a longer loop's chunks meet it as in
+//! the original. (Issue 49, class 1: an earlier cut moved tails only when every cut step had
+//! one extent, and otherwise kept the first `T` chunks only, which never ran the last chunks;
+//! `tests/plans/reject/fuzz-last-chunk-arrival-guarded-off.json` and
+//! `fuzz-loop-of-cutoff-trips-against-a-moved-tail.json` are the fuzzer's two finds.) The
+//! cost: a call with `k` distinct ends explores up to `k * T` chunks instead of `T`; on the
+//! property test's derived plans that is about a sixth more states in all, up to twice as
+//! many on V plans.
 //!
 //! Why the twin covers a chunk-uniform plan: every step's offsets, indices and values are
 //! affine in `c` (slot indices modulo the lap), so chunk `c` and chunk `c + L` use the same
@@ -28,10 +38,12 @@
 //! back exactly one lap (the drain of `c - L` before the write of `c`, a flag word that serves
 //! `c` and `c + L`), so the states of a chunk depend on the chunks of the lap before it and on
 //! the start/end guards only. Every such pattern is in the twin: first use of each word
-//! (`c < L`), the first reuse (`c = L`), a reuse after a reuse (`c = L + 1`), and, when tails
-//! move, the last, possibly partial chunk right after a reuse. A longer loop repeats the middle pattern with
-//! epochs shifted by a lap, which no property distinguishes (waits compare with `>=` within a
-//! lap, the advance is checked on the original plans).
+//! (`c < L`), the first reuse (`c = L`), a reuse after a reuse (`c = L + 1`), and the last,
+//! possibly partial chunk of each step right after a reuse; after a step stops, the steps
+//! that go on keep up to `T` chunks of their own (every slot reused once without it). A
+//! longer stretch repeats the middle pattern with epochs shifted by a lap, which no property
+//! distinguishes (waits compare with `>=` within a lap, the advance is checked on the original
+//! plans).
 //!
 //! Plans the argument does not cover are explored whole: a guard starting later than `L` in a
 //! loop that would be cut (a step that singles out a middle chunk), or loops too long to
@@ -55,7 +67,8 @@ pub struct Twin {
     /// `[call][rank]`: sorted, disjoint output byte ranges (in the plan's output coordinates)
     /// written only in dropped chunks.
     pub skip: Vec<Vec<Vec<(u64, u64)>>>,
-    /// The cutoff `T`, if some loop was cut.
+    /// The cutoff `T` (the most chunks kept of a stretch between two ends), if some loop was
+    /// cut.
     pub cutoff: Option<u64>,
 }
 
@@ -125,32 +138,65 @@ fn extent(s: &Step, trips: u64) -> u64 {
     n
 }
 
-/// The extents of the steps of loops longer than `t` (see [`extent`]). Open: a loop of
-/// exactly `t` trips (not cut) whose last chunk meets a cut loop's moved tail is not counted
-/// (the differential fuzzer's open case, `tests/differential.rs`); counting every such loop
-/// made the CI sets explode.
-fn cut_extents(p: &Plan, t: u64, out: &mut Vec<u64>) {
+/// Every chunk index at which some loop step of `p` stops: each loop's trips, each step's
+/// guard end and the end of its non-empty lengths (each clamped by the trips).
+fn loop_ends(p: &Plan, out: &mut Vec<u64>) {
     for block in &p.blocks {
         for s in &block.steps {
             if let Step::ChunkLoop { trips, body } = s {
-                if *trips > t {
-                    out.extend(body.iter().map(|st| extent(st, *trips)));
+                out.push(*trips);
+                for st in body {
+                    out.push(st.guard().until.min(*trips));
+                    out.push(extent(st, *trips));
                 }
             }
         }
     }
 }
 
-/// The twin of one plan with cutoff `t`, or `None` when the plan is not chunk-uniform in the
-/// sense above (then the call is explored whole). `tails`: whether tails move forward (only
-/// when every cut step of the call has the same extent).
-fn twin_plan(p: &Plan, t: u64, lap: u64, tails: bool) -> Option<(Plan, bool)> {
+/// The cut of one call: the sorted ends `e_1 < e_2 < ...` of its loop steps and, for each, how
+/// many chunks are dropped before it. The chunks before `e_1` and each gap between two ends
+/// keep at most `t` chunks; the dropped ones are the gap's middle, so every step keeps its
+/// distance to the ends around it up to `t`.
+#[derive(Debug)]
+struct Cut {
+    ends: Vec<(u64, u64)>,
+}
+
+impl Cut {
+    fn new(mut ends: Vec<u64>, t: u64) -> Cut {
+        ends.sort_unstable();
+        ends.dedup();
+        let (mut prev, mut prev_twin) = (0u64, 0u64);
+        let ends = ends
+            .into_iter()
+            .map(|e| {
+                let tw = prev_twin + (e - prev).min(t);
+                (prev, prev_twin) = (e, tw);
+                (e, e - tw)
+            })
+            .collect();
+        Cut { ends }
+    }
+
+    /// The chunks dropped before end `e` (one of [`Cut::ends`]).
+    fn shift(&self, e: u64) -> u64 {
+        self.ends.iter().find(|&&(x, _)| x == e).map_or(0, |&(_, s)| s)
+    }
+}
+
+/// The twin of one plan under `cut`, or `None` when the plan is not chunk-uniform in the
+/// sense above (then the call is explored whole). Each step's ends move back by the chunks
+/// the cut drops before them: its guard's `until`, its length's total (so its last chunk
+/// stays as partial as the original's), and its loop's trips.
+fn twin_plan(p: &Plan, cut: &Cut, lap: u64) -> Option<(Plan, bool)> {
     let mut out = p.clone();
-    let mut cut = false;
+    let mut any = false;
     for block in &mut out.blocks {
         for s in &mut block.steps {
             let Step::ChunkLoop { trips, body } = s else { continue };
-            if *trips <= t {
+            let loop_shift = cut.shift(*trips);
+            if loop_shift == 0 {
                 continue;
             }
             if *trips > MAX_ACCOUNTED_CHUNKS {
@@ -161,25 +207,22 @@ fn twin_plan(p: &Plan, t: u64, lap: u64, tails: bool) -> Option<(Plan, bool)> {
                 if g.from > lap && g.from < extent(st, *trips) {
                     return None;
                 }
-                let n = extent(st, *trips);
-                if n <= t || !tails {
-                    continue;
-                }
-                let shift = n - t;
+                let len_shift = cut.shift(extent(st, *trips));
                 if let Some(l) = len_mut(st) {
-                    l.total = l.total.saturating_sub(shift.saturating_mul(l.chunk_stride));
+                    l.total = l.total.saturating_sub(len_shift.saturating_mul(l.chunk_stride));
                 }
+                let until_shift = cut.shift(g.until.min(*trips));
                 if let Some(g) = st.guard_mut() {
                     if g.until < u64::MAX {
-                        g.until -= shift.min(g.until);
+                        g.until -= until_shift.min(g.until);
                     }
                 }
             }
-            *trips = t;
-            cut = true;
+            *trips -= loop_shift;
+            any = true;
         }
     }
-    Some((out, cut))
+    Some((out, any))
 }
 
 /// Byte ranges of rank `owner`'s output that a plan's steps write (its own `Output` when the
@@ -263,16 +306,10 @@ pub fn twin(calls: &[Vec<Plan>], sense: &[u64]) -> Twin {
     for (k, plans) in calls.iter().enumerate() {
         let l = lap(plans);
         let t = l.saturating_add(2);
-        let mut ext = vec![];
-        plans.iter().for_each(|p| cut_extents(p, t, &mut ext));
-        ext.sort_unstable();
-        ext.dedup();
-        // Open (issue 49, class 1): steps of different extents cannot move their tails
-        // together, and the prefix cut below never runs their last chunks, so a wait or a
-        // drain skipped only there goes unseen. Exploring such calls whole made V plans of
-        // long loops (the property tests' sizes) intractable; a per-stream cut is the fix.
-        let tails = ext.len() == 1;
-        let twins: Option<Vec<(Plan, bool)>> = plans.iter().map(|p| twin_plan(p, t, l, tails)).collect();
+        let mut ends = vec![];
+        plans.iter().for_each(|p| loop_ends(p, &mut ends));
+        let cut = Cut::new(ends, t);
+        let twins: Option<Vec<(Plan, bool)>> = plans.iter().map(|p| twin_plan(p, &cut, l)).collect();
         match twins {
             Some(ts) if ts.iter().any(|(_, cut)| *cut) => {
                 let s = sense.get(k).copied().unwrap_or(0);
