@@ -851,6 +851,7 @@ impl<'a> Model<'a> {
 }
 
 /// A two-lane 128-bit hasher for state fingerprints (fast; collisions are 2^-128 events).
+/// A copy of the verifier's (`state.rs`), on purpose: the reference uses nothing of the verifier.
 struct Fingerprint(u64, u64);
 
 impl Hasher for Fingerprint {
