@@ -76,7 +76,9 @@ fn derived_copy_engine_plans_have_the_designed_shape() {
     let ar = CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, 64);
     assert!(derive(&ar, &cfg(true, false)).unwrap().iter().all(|p| p.engine.is_none()));
     let staged = PlanConfig { peer_outputs: false, ..cfg(true, false) };
-    assert!(derive(&CollectiveSpec::all_gather(2, DataType::U8, 40), &staged).unwrap().iter().all(|p| p.engine.is_none()));
+    assert!(
+        derive(&CollectiveSpec::all_gather(2, DataType::U8, 40), &staged).unwrap().iter().all(|p| p.engine.is_none())
+    );
 }
 
 #[test]

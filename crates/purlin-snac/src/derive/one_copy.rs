@@ -269,8 +269,7 @@ pub(super) fn derive_ce(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> R
     let mut to: Vec<u32> = sends.iter().filter(|t| t.to != rank).map(|t| t.to).collect();
     to.dedup();
     head.extend(to.into_iter().map(|q| Step::Wait { flag: entry(q), value: once, guard: Guard::ALWAYS }));
-    let tail: Vec<Step> =
-        peers().map(|q| Step::Wait { flag: done(q), value: once, guard: Guard::ALWAYS }).collect();
+    let tail: Vec<Step> = peers().map(|q| Step::Wait { flag: done(q), value: once, guard: Guard::ALWAYS }).collect();
     let mut steps: Vec<EngineStep> = sends
         .into_iter()
         .map(|t| EngineStep::Copy {

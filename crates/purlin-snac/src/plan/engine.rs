@@ -153,7 +153,9 @@ impl Plan {
                 EngineStep::Notify(n) => {
                     self.check_notify(n, (0, 1))?;
                     if n.value.chunk_mul != 0 || n.value.add > a as i64 {
-                        return Err(format!("engine step {i}: a notify's value is E + k with k at most the advance {a}"));
+                        return Err(format!(
+                            "engine step {i}: a notify's value is E + k with k at most the advance {a}"
+                        ));
                     }
                     notifies += 1;
                     first_notify_to[n.peer as usize].get_or_insert(i);
