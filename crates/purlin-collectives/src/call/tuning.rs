@@ -263,7 +263,8 @@ pub struct PlanLimits {
     /// The call's input is registered symmetric memory on every rank (one-copy reductions).
     pub peer_inputs: bool,
     /// The executor runs copy-engine plans (`Plan::engine`): the host executor does, the
-    /// device executor where every rank's GPU has a copy engine (set by `Comm`, not by
+    /// device executor where every rank's GPU has a copy engine and, until its sequence has
+    /// run on a GPU, only for `Datapath::CopyEngine` (set by `Comm`, not by
     /// [`PlanLimits::of_workspace`]; docs/perf/copy-engines.md §3.8).
     pub copy_engine: bool,
 }

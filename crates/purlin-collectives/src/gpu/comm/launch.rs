@@ -15,6 +15,11 @@ use crate::flight::Executor;
 use crate::gpu::executor::{ExecParams, ExecRuntime};
 use crate::observe::{CallSpan, warn_once};
 
+/// Whether `Datapath::Auto` may pick the copy engines on GPUs. Off until the device sequence
+/// (`engine.rs`) has passed `gpu_copy_engine_plans` on a GPU: until then only an explicit
+/// `PURLIN_DATAPATH=ce` runs copy-engine plans on GPUs (docs/perf/copy-engines.md §3.8).
+const DEVICE_AUTO_COPY_ENGINE: bool = false;
+
 /// A plan ready to launch: the plan and its parameter block.
 #[derive(Debug)]
 pub(crate) struct PreparedPlan {
@@ -74,7 +79,8 @@ impl Comm {
             peer_outputs,
             peer_inputs,
         );
-        limits.copy_engine = self.copy_engine.is_some();
+        limits.copy_engine = self.copy_engine.is_some()
+            && (self.tuning.datapath == crate::call::tuning::Datapath::CopyEngine || DEVICE_AUTO_COPY_ENGINE);
         let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::gpu::kernels::EXEC_PARAM_WORDS;
         let (plan, cfg) =
             crate::call::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
