@@ -194,3 +194,35 @@ fn a_shifted_engine_region_fails_the_output_check() {
     assert!(outputs[0] == want && outputs[1] == want, "only rank 2's output is written off by one");
     assert_ne!(outputs[2], want, "a shifted engine region passed the output check");
 }
+
+/// `PURLIN_DATAPATH` and `PURLIN_CE_MIN_BYTES` reach `CpuConfig::from_env` (and a value it does
+/// not know is `Error::Env`), in children of this test so the environment stays this
+/// process's own.
+#[test]
+fn the_datapath_variables_are_read_from_the_environment() {
+    const CHILD: &str = "PURLIN_TEST_DATAPATH_CHILD";
+    const NAME: &str = "the_datapath_variables_are_read_from_the_environment";
+    if let Ok(role) = std::env::var(CHILD) {
+        let got = CpuConfig::from_env();
+        match role.as_str() {
+            "bad" => assert!(matches!(got, Err(Error::Env { var: "PURLIN_DATAPATH", .. })), "{got:?}"),
+            _ => {
+                let c = got.expect("a configuration");
+                assert_eq!((c.tuning.datapath, c.tuning.ce_min_bytes), (Datapath::CopyEngine, 4096));
+            }
+        }
+        return;
+    }
+    for (value, role) in [("gpu", "bad"), ("ce", "good")] {
+        let exe = std::env::current_exe().expect("this test's executable");
+        let out = std::process::Command::new(exe)
+            .args(["--exact", NAME, "--test-threads=1"])
+            .env(CHILD, role)
+            .env("PURLIN_DATAPATH", value)
+            .env("PURLIN_CE_MIN_BYTES", "4096")
+            .output()
+            .expect("run the child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && stdout.contains("1 passed"), "PURLIN_DATAPATH={value}: {stdout}");
+    }
+}
