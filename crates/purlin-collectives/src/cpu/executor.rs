@@ -213,6 +213,14 @@ impl HostWorld {
         self.ranks[rank].epochs[block].load(Ordering::Acquire)
     }
 
+    /// Stores `value` into flag word `index` of `rank` (release) and wakes the waiters: what a
+    /// copy engine's notify does, for tests that drive a plan's parts by hand.
+    #[cfg(test)]
+    pub(crate) fn store_flag(&self, rank: usize, index: usize, value: u64) {
+        self.ranks[rank].flags[index].store(value, Ordering::Release);
+        self.notify_all();
+    }
+
     /// Arrival counter `index` of `rank` (0 between calls: every round's last arrival resets it).
     pub fn counter(&self, rank: usize, index: usize) -> u64 {
         self.ranks[rank].counters[index].load(Ordering::Acquire)

@@ -149,3 +149,122 @@ impl CeLaunch {
         unsafe { exec.launch(stream, &self.exit, &self.exit_params, &exit_rt) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use purlin_snac::{CollectiveSpec, DataType, PlanConfig, derive};
+
+    use super::*;
+    use crate::cpu::executor::{CallBuffers, HostMemoryConfig, HostWorld};
+
+    fn cfg() -> PlanConfig {
+        PlanConfig { peer_outputs: true, copy_engine: true, staging_bytes: 1 << 16, ..PlanConfig::default() }
+    }
+
+    #[test]
+    fn the_split_has_the_launch_sequences_shape_and_refuses_what_it_cannot_run() {
+        let plans = derive(&CollectiveSpec::all_gather(3, DataType::U8, 100), &cfg()).expect("derive");
+        let (entry, exit, copies, notifies) = split(&plans[1]).expect("split");
+        assert_eq!((entry.grid(), exit.grid()), (1, 1));
+        assert!(entry.engine.is_none() && exit.engine.is_none());
+        assert_eq!((entry.advance, exit.advance), (Advance::Fixed(1), Advance::Fixed(0)));
+        // Every exit wait is one below the plan's (the exit kernel starts one epoch on).
+        let waits = |p: &Plan| -> Vec<i64> {
+            p.blocks
+                .iter()
+                .flat_map(|b| &b.steps)
+                .filter_map(|s| match s {
+                    Step::Wait { value, .. } => Some(value.add),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(waits(&exit), vec![0, 0]);
+        assert_eq!(waits(&plans[1]).len(), waits(&entry).len() + 2);
+        assert_eq!(copies.len(), 3, "own part and two peers'");
+        assert_eq!(notifies.iter().map(|n| n.0).collect::<Vec<_>>(), vec![0, 2]);
+        let mut forked = plans[1].clone();
+        forked.engine.as_mut().expect("a program").after = Phase::Forked;
+        assert!(matches!(split(&forked), Err(Error::Unsupported(_))));
+        let mut other_value = plans[1].clone();
+        if let Some(EngineStep::Notify(n)) = other_value.engine.as_mut().and_then(|e| e.steps.last_mut()) {
+            n.value.add = 0;
+        }
+        assert!(matches!(split(&other_value), Err(Error::Unsupported(_))));
+    }
+
+    /// The device's sequence run on the host executor: the entry kernel as a plan of its own
+    /// (which advances every epoch word), the copies, each notify writing this rank's epoch
+    /// word 0, the exit kernel with shifted waits and no advance; three calls back to back on
+    /// one world, every output exact, every epoch word where the whole plan would leave it.
+    #[test]
+    fn the_split_plans_run_like_the_plan_on_the_host_executor() {
+        let world = 3usize;
+        let specs = [
+            CollectiveSpec::all_gather(3, DataType::U8, 100),
+            CollectiveSpec::all_to_all_v(3, DataType::U8, vec![vec![5, 0, 40], vec![7, 9, 0], vec![0, 30, 2]]),
+            CollectiveSpec::all_gather(3, DataType::U8, 64),
+        ];
+        let mem = HostMemoryConfig { staging_bytes: 1 << 16, ..HostMemoryConfig::default() };
+        let host = HostWorld::new(world, mem, Duration::from_secs(20));
+        for (k, spec) in specs.iter().enumerate() {
+            let plans = derive(spec, &cfg()).expect("derive");
+            let inputs: Vec<Vec<u8>> = (0..world)
+                .map(|r| (0..spec.input_bytes(r as u32)).map(|i| (k * 50 + r * 17 + i as usize) as u8).collect())
+                .collect();
+            let mut outputs: Vec<Vec<u8>> =
+                (0..world).map(|r| vec![0xA5; spec.output_bytes(r as u32) as usize]).collect();
+            let mut peers = [(std::ptr::null_mut(), 0); purlin_snac::MAX_WORLD];
+            for (slot, o) in peers.iter_mut().zip(outputs.iter_mut()) {
+                *slot = (o.as_mut_ptr(), o.len());
+            }
+            let before = host.epoch(0, 0);
+            std::thread::scope(|s| {
+                for (r, plan) in plans.iter().enumerate() {
+                    let (host, input) = (&host, &inputs[r]);
+                    let mut b = CallBuffers::new(input.as_ptr(), input.len(), peers[r].0, peers[r].1);
+                    b.peer_outputs = peers;
+                    s.spawn(move || {
+                        let (entry, exit, copies, notifies) = split(plan).expect("split");
+                        host.execute(&entry, b, false).expect("entry kernel");
+                        for (dst, src, n) in &copies {
+                            let at = |reg: &Region| match reg.space {
+                                Space::Input => b.input as *mut u8,
+                                Space::Output => b.output,
+                                Space::PeerOutput(q) => b.peer_outputs[q as usize].0,
+                                _ => unreachable!("an engine copy's space"),
+                            };
+                            let (d, src_at) = (at(dst), at(src));
+                            // SAFETY: `Plan::check` bounded both regions by their buffers, which
+                            // outlive the scope; the verified plan gives these bytes to this copy
+                            // alone until its notify, which follows.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    src_at.add(src.offset.base as usize),
+                                    d.add(dst.offset.base as usize),
+                                    *n as usize,
+                                )
+                            };
+                        }
+                        for &(peer, word) in &notifies {
+                            host.store_flag(peer, word as usize, host.epoch(r, 0));
+                        }
+                        host.execute(&exit, b, false).expect("exit kernel");
+                    });
+                }
+            });
+            for (r, got) in outputs.iter().enumerate() {
+                let mut want = vec![0u8; spec.output_bytes(r as u32) as usize];
+                for seg in spec.segments(r as u32) {
+                    let (from, off) = seg.sources[0];
+                    let (a, n, off) = (seg.out_offset as usize, seg.len as usize, off as usize);
+                    want[a..a + n].copy_from_slice(&inputs[from as usize][off..off + n]);
+                }
+                assert_eq!(*got, want, "call {k} rank {r}");
+                assert_eq!(host.epoch(r, 7), before + 1, "call {k} rank {r}: the plan advances by 1");
+            }
+        }
+    }
+}
