@@ -226,3 +226,48 @@ fn the_datapath_variables_are_read_from_the_environment() {
         assert!(out.status.success() && stdout.contains("1 passed"), "PURLIN_DATAPATH={value}: {stdout}");
     }
 }
+
+/// An engine copy the host engine refuses (here: rank 2 sees rank 0's registered output a
+/// byte short) fails that rank with `InvalidArgument` and poisons the world, so the peers
+/// waiting for its notify fail with `Poisoned` instead of waiting out the timeout.
+#[test]
+fn a_refused_engine_copy_poisons_the_world() {
+    use purlin_collectives::internal::host_executor::CallBuffers;
+    let (world, n) = (3usize, 300usize);
+    let spec = CollectiveSpec::all_gather(world as u32, DataType::U8, n as u64);
+    let cfg = PlanConfig { peer_outputs: true, copy_engine: true, staging_bytes: 1 << 16, ..PlanConfig::default() };
+    let plans = derive(&spec, &cfg).expect("derive");
+    let mem = HostMemoryConfig { staging_bytes: 1 << 16, ..HostMemoryConfig::default() };
+    let host = HostWorld::new(world, mem, Duration::from_secs(60));
+    let inputs: Vec<Vec<u8>> = (0..world).map(|r| vec![r as u8 + 1; n]).collect();
+    let mut outputs = vec![vec![0u8; n * world]; world];
+    let mut peers = [(std::ptr::null_mut(), 0); purlin_collectives::MAX_WORLD];
+    for (slot, o) in peers.iter_mut().zip(outputs.iter_mut()) {
+        *slot = (o.as_mut_ptr(), o.len());
+    }
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = plans
+            .iter()
+            .zip(&inputs)
+            .enumerate()
+            .map(|(r, (p, i))| {
+                let mut view = peers;
+                if r == 2 {
+                    view[0].1 -= 1;
+                }
+                let b = CallBuffers { peer_outputs: view, ..CallBuffers::new(i.as_ptr(), n, peers[r].0, peers[r].1) };
+                let host = &host;
+                s.spawn(move || host.execute(p, b, false))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    });
+    match &results[2] {
+        Err(Error::InvalidArgument(why)) => assert!(why.contains("copy engine"), "{why}"),
+        other => panic!("rank 2: expected the engine's refusal, got {other:?}"),
+    }
+    for r in [0, 1] {
+        assert!(matches!(results[r], Err(Error::Poisoned(_))), "rank {r}: {:?}", results[r]);
+    }
+    assert!(host.is_poisoned());
+}

@@ -300,8 +300,6 @@ impl HostWorld {
             return Err(Error::Poisoned(self.poison_reason().unwrap_or_else(|| "an earlier host wait expired".into())));
         }
         self.check_fits(plan, &buffers)?;
-        // An empty plan (a call of no bytes) spawns no block but still meets the call check:
-        // a rank whose call is empty while its peers' is not gets `Mismatch` like them.
         if plan.engine.is_some() {
             // The stream of kernels and the engine on a thread of its own, the call check
             // beside it, as a device launch's extra block runs beside the grid.
@@ -320,6 +318,8 @@ impl HostWorld {
             }
             return outcome;
         }
+        // An empty plan (a call of no bytes) spawns no block but still meets the call check:
+        // a rank whose call is empty while its peers' is not gets `Mismatch` like them.
         let (check, results) = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..plan.blocks.len())
                 .map(|b| scope.spawn(move || BlockRun { world: self, plan, rank, block: b, buffers, trace }.run()))
@@ -388,6 +388,10 @@ impl HostWorld {
                     return results;
                 }
                 results.push(self.run_engine(plan, buffers, epoch).map(|()| Vec::new()));
+                if let Some(Err(e)) = results.last() {
+                    // The peers wait for this engine's notifies: fail them now, not at the timeout.
+                    self.poison_because(e);
+                }
             }
             purlin_snac::Phase::Forked => {
                 let (side, main_results) = std::thread::scope(|scope| {
@@ -398,6 +402,9 @@ impl HostWorld {
                         .unwrap_or_else(|_| Err(Error::Poisoned("a host copy-engine thread panicked".into())));
                     (side, main_results)
                 });
+                if let Err(e) = &side {
+                    self.poison_because(e);
+                }
                 results.extend(main_results);
                 results.push(side.map(|()| Vec::new()));
             }
