@@ -35,6 +35,7 @@ fn gpu_limits() -> PlanLimits {
         flag_words: 4096,
         peer_outputs: false,
         peer_inputs: false,
+        copy_engine: false,
     }
 }
 

@@ -10,7 +10,7 @@ use crate::{cargo, ensure_nvrtc, kernels::compile_all, run};
 
 /// Test executables a `--lean` round keeps: the collectives' core GPU tests (the others go in
 /// rounds of their own, `--tests`: gpu_on_stream, gpu_flight_recorder, gpu_mixed_forms,
-/// gpu_group_graph, gpu_symmetric_slices, gpu_copy_engine, gpu_hier).
+/// gpu_group_graph, gpu_symmetric_slices, gpu_copy_engine, gpu_copy_engine_plans, gpu_hier).
 const LEAN_TESTS: [&str; 8] = [
     "gpu_comm",
     "gpu_collectives",

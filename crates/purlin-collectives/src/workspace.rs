@@ -645,6 +645,7 @@ mod tests {
             flag_words: 0,
             counter_words: 0,
             epoch_words: 0,
+            ce_value_words: 0,
         };
         assert!(layout.check_resources(&too_big).unwrap_err().to_string().contains("staging_bytes"));
         too_big.staging_bytes = 0;

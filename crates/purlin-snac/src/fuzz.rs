@@ -98,6 +98,7 @@ fn small_call(rng: &mut Rng, world: u32) -> Option<(CollectiveSpec, PlanConfig)>
         in_place: false,
         peer_outputs: false,
         peer_inputs: false,
+        copy_engine: false,
     };
     if rng.below(4) == 0 && !matches!(c, Collective::AllToAll | Collective::AllToAllV) {
         cfg.in_place = true;

@@ -185,6 +185,9 @@ pub fn role_code(r: Role) -> u64 {
         Role::Consumer => 2,
         Role::Head => 3,
         Role::Tail => 4,
+        Role::CeEntry => 5,
+        Role::CeExit => 6,
+        Role::CopyEngine => 7,
         Role::Custom(x) => 0x100 + x as u64,
     }
 }
@@ -196,6 +199,9 @@ fn role_from(c: u64) -> Option<Role> {
         2 => Role::Consumer,
         3 => Role::Head,
         4 => Role::Tail,
+        5 => Role::CeEntry,
+        6 => Role::CeExit,
+        7 => Role::CopyEngine,
         x if x >= 0x100 => Role::Custom(u32::try_from(x - 0x100).ok()?),
         _ => return None,
     })

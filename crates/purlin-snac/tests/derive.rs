@@ -303,11 +303,13 @@ fn hand_written_plans_through_the_public_api() {
                     flag_words: 1,
                     counter_words: 0,
                     epoch_words: 1,
+                    ce_value_words: 0,
                 },
                 advance: Advance::Fixed(1),
                 max_coresident_blocks: 1,
                 one_copy: false,
                 blocks: vec![BlockProgram { role: Role::Custom(0), steps }],
+                engine: None,
             }
         })
         .collect();

@@ -5,8 +5,13 @@
 //! `PURLIN_SHARE_PIECE`, `PURLIN_SHARE_MIN_CHUNK`, `PURLIN_LATENCY_MAX_BYTES`,
 //! `PURLIN_LATENCY_MAX_BYTES_ALLREDUCE`, `PURLIN_LATENCY_BLOCK_BYTES`,
 //! `PURLIN_LATENCY_MAX_BLOCKS`, `PURLIN_MIN_CHUNKS`, `PURLIN_MIN_CHUNK_BYTES`,
-//! `PURLIN_DEVICE_PARAMS_MAX_BYTES`, `PURLIN_MAX_BLOCKS`, `PURLIN_ONE_COPY_BLOCKS`), so the table can be measured before it is
-//! trusted. Which executor runs a plan is not tuning: latency plans of catalogued shapes run
+//! `PURLIN_DEVICE_PARAMS_MAX_BYTES`, `PURLIN_MAX_BLOCKS`, `PURLIN_ONE_COPY_BLOCKS`,
+//! `PURLIN_DATAPATH=sm|ce|auto`, `PURLIN_CE_MIN_BYTES`), so the table can be measured before it
+//! is trusted. The datapath ([`Datapath`]) decides which engines move a one-copy gather's
+//! bytes: under `auto` (the default) the copy engines take it where the caller caps blocks
+//! (`PURLIN_MAX_BLOCKS`) and every piece one rank sends another is at least
+//! `PURLIN_CE_MIN_BYTES` (8 MiB), on executors that run copy-engine plans
+//! (docs/perf/copy-engines.md §3.6). Which executor runs a plan is not tuning: latency plans of catalogued shapes run
 //! shaped unless `PURLIN_SHAPED=0` (`gpu::executor`).
 //!
 //! The defaults come from sweeps on 2×H200 (docs/perf/tuning-defaults.md): push staging (remote stores beat
@@ -84,6 +89,45 @@ pub struct Tuning {
     /// call on symmetric buffers ([`crate::SymmetricBuffer`]) that stores straight into the
     /// peers' outputs or reduces straight from their inputs. 0: such calls stay staged.
     pub one_copy_blocks: u32,
+    /// Which engines move a one-copy gather's bytes (`PURLIN_DATAPATH`, [`Datapath`]).
+    pub datapath: Datapath,
+    /// Under [`Datapath::Auto`], the smallest piece one rank sends another for which a
+    /// one-copy gather runs on the copy engines (`PURLIN_CE_MIN_BYTES`).
+    pub ce_min_bytes: u64,
+}
+
+/// Which engines move the bytes of one-copy gathers (AllGather, AllToAll, their V forms,
+/// Broadcast) on symmetric buffers (docs/perf/copy-engines.md §3.6). Reductions, staged and
+/// latency calls run on SM blocks whatever it says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Datapath {
+    /// SM blocks only (`PURLIN_DATAPATH=sm`).
+    Sm,
+    /// The copy engines for every eligible call, whatever its size (`ce`; for tests).
+    CopyEngine,
+    /// The copy engines where every piece one rank sends another is at least
+    /// [`Tuning::ce_min_bytes`] and the caller caps blocks ([`Tuning::max_blocks`]); SM blocks
+    /// otherwise (`auto`, the default).
+    #[default]
+    Auto,
+}
+
+impl Datapath {
+    /// Whether a one-copy gather of `spec` runs on the copy engines under `tuning`.
+    pub fn copy_engine(spec: &CollectiveSpec, tuning: &Tuning) -> bool {
+        match tuning.datapath {
+            Datapath::Sm => false,
+            Datapath::CopyEngine => true,
+            Datapath::Auto => {
+                // The pieces ranks exchange (own parts aside); every rank computes the same.
+                let pieces = (0..spec.world)
+                    .flat_map(|s| (0..spec.world).filter(move |&d| d != s).map(move |d| spec.pair_bytes(s, d)))
+                    .filter(|&b| b > 0);
+                let smallest = pieces.min();
+                tuning.max_blocks.is_some() && smallest.is_some_and(|b| b >= tuning.ce_min_bytes)
+            }
+        }
+    }
 }
 
 impl Default for Tuning {
@@ -120,6 +164,11 @@ impl Default for Tuning {
             // Not yet measured on a GPU pair; chosen on one GPU shared by both ranks (rounds
             // 69-70), where 32 blocks beat 16.
             one_copy_blocks: 32,
+            // Copy engines only where the caller caps SM blocks and pieces are large: two more
+            // launches per call cost microseconds; 8 MiB is NCCL's `NCCL_SYM_CE_THRESHOLD`
+            // (docs/perf/copy-engines.md §3.6; not measured here yet).
+            datapath: Datapath::Auto,
+            ce_min_bytes: 8 << 20,
         }
     }
 }
@@ -173,10 +222,26 @@ impl Tuning {
         t.device_params_max_bytes = env("PURLIN_DEVICE_PARAMS_MAX_BYTES")?.unwrap_or(t.device_params_max_bytes);
         t.max_blocks = env("PURLIN_MAX_BLOCKS")?.or(t.max_blocks);
         t.one_copy_blocks = env("PURLIN_ONE_COPY_BLOCKS")?.unwrap_or(t.one_copy_blocks);
+        if let Ok(d) = std::env::var("PURLIN_DATAPATH") {
+            t.datapath = Datapath::parse(&d)?;
+        }
+        t.ce_min_bytes = env("PURLIN_CE_MIN_BYTES")?.unwrap_or(t.ce_min_bytes);
         if t.max_blocks == Some(0) {
             return Err(Error::Env { var: "PURLIN_MAX_BLOCKS", problem: "0: a call needs at least one block".into() });
         }
         Ok(t)
+    }
+}
+
+impl Datapath {
+    /// `sm`, `ce` (or `copy-engine`), `auto`; anything else is [`Error::Env`].
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        match text.trim() {
+            "sm" => Ok(Datapath::Sm),
+            "ce" | "copy-engine" => Ok(Datapath::CopyEngine),
+            "auto" => Ok(Datapath::Auto),
+            other => Err(Error::Env { var: "PURLIN_DATAPATH", problem: format!("{other:?}: sm|ce|auto") }),
+        }
     }
 }
 
@@ -197,6 +262,11 @@ pub struct PlanLimits {
     pub peer_outputs: bool,
     /// The call's input is registered symmetric memory on every rank (one-copy reductions).
     pub peer_inputs: bool,
+    /// The executor runs copy-engine plans (`Plan::engine`): the host executor does, the
+    /// device executor where every rank's GPU has a copy engine and, until its sequence has
+    /// run on a GPU, only for `Datapath::CopyEngine` (set by `Comm`, not by
+    /// [`PlanLimits::of_workspace`]; docs/perf/copy-engines.md §3.8).
+    pub copy_engine: bool,
 }
 
 impl PlanLimits {
@@ -217,6 +287,7 @@ impl PlanLimits {
             flag_words: u32::try_from(config.flag_words).unwrap_or(u32::MAX),
             peer_outputs,
             peer_inputs,
+            copy_engine: false,
         }
     }
 }
@@ -340,10 +411,12 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
         in_place,
         peer_outputs: false,
         peer_inputs: false,
+        copy_engine: false,
     };
     if regime == Regime::Throughput && tuning.one_copy_blocks > 0 {
         (cfg.peer_outputs, cfg.peer_inputs) = (limits.peer_outputs, limits.peer_inputs);
     }
+    cfg.copy_engine = limits.copy_engine && Datapath::copy_engine(spec, tuning);
     let one_copy = purlin_snac::derive::one_copy(spec, &cfg);
     if one_copy {
         // One role of blocks: the staged roles' knobs do not apply.
@@ -485,6 +558,7 @@ mod tests {
             flag_words: 4096,
             peer_outputs: false,
             peer_inputs: false,
+            copy_engine: false,
         }
     }
 

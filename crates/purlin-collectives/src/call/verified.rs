@@ -189,6 +189,7 @@ mod tests {
             flag_words: 4096,
             peer_outputs: false,
             peer_inputs: false,
+            copy_engine: false,
         };
         let (plan, cfg) =
             crate::call::tuning::plan_and_config(&spec, 0, false, &Tuning::default(), &limits).expect("plan");

@@ -117,6 +117,12 @@ impl CpuConfig {
         if set("PURLIN_MAX_BLOCKS") {
             c.tuning.max_blocks = env.max_blocks;
         }
+        if set("PURLIN_DATAPATH") {
+            c.tuning.datapath = env.datapath;
+        }
+        if set("PURLIN_CE_MIN_BYTES") {
+            c.tuning.ce_min_bytes = env.ce_min_bytes;
+        }
         c.verify = budget_from_env(c.verify)?;
         if let Ok(t) = std::env::var("PURLIN_TIMEOUT_S") {
             let secs: f64 =
@@ -139,6 +145,8 @@ impl CpuConfig {
             flag_words: self.memory.flag_words as u32,
             peer_outputs: false,
             peer_inputs: false,
+            // The host executor runs engine programs on a `HostCopyEngine` per rank.
+            copy_engine: true,
         }
     }
 }
@@ -171,6 +179,9 @@ pub struct CallInfo {
     pub grid: usize,
     /// Whether it ran a one-copy plan (symmetric buffers, [`CpuSymmetricBuffer`]).
     pub one_copy: bool,
+    /// Whether its bytes moved on the copy engines (the plan's engine program, run by a
+    /// `HostCopyEngine`; `PURLIN_DATAPATH`).
+    pub copy_engine: bool,
     /// The verifier's coverage of its plan key (`exhaustive, N states` or `sampled ...`).
     pub verified: String,
 }
@@ -947,6 +958,7 @@ impl CpuComm {
             staging_side: plan.staging_side,
             grid: plan.grid(),
             one_copy,
+            copy_engine: plan.engine.is_some(),
             verified: verdict.coverage.clone(),
         });
         Ok(Status::Success)

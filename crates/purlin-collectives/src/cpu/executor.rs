@@ -213,6 +213,14 @@ impl HostWorld {
         self.ranks[rank].epochs[block].load(Ordering::Acquire)
     }
 
+    /// Stores `value` into flag word `index` of `rank` (release) and wakes the waiters: what a
+    /// copy engine's notify does, for tests that drive a plan's parts by hand.
+    #[cfg(test)]
+    pub(crate) fn store_flag(&self, rank: usize, index: usize, value: u64) {
+        self.ranks[rank].flags[index].store(value, Ordering::Release);
+        self.notify_all();
+    }
+
     /// Arrival counter `index` of `rank` (0 between calls: every round's last arrival resets it).
     pub fn counter(&self, rank: usize, index: usize) -> u64 {
         self.ranks[rank].counters[index].load(Ordering::Acquire)
@@ -292,6 +300,24 @@ impl HostWorld {
             return Err(Error::Poisoned(self.poison_reason().unwrap_or_else(|| "an earlier host wait expired".into())));
         }
         self.check_fits(plan, &buffers)?;
+        if plan.engine.is_some() {
+            // The stream of kernels and the engine on a thread of its own, the call check
+            // beside it, as a device launch's extra block runs beside the grid.
+            let (check, results) = std::thread::scope(|scope| {
+                let stream = scope.spawn(move || self.run_stream(plan, buffers, trace));
+                let check = self.check_call(plan);
+                let results = stream
+                    .join()
+                    .unwrap_or_else(|_| vec![Err(Error::Poisoned("a host executor thread panicked".into()))]);
+                (check, results)
+            });
+            let outcome = call_outcome(check, results);
+            if outcome.is_ok() {
+                let number = self.ranks[rank].call_count.load(Ordering::Acquire);
+                self.ranks[rank].finished.store(number, Ordering::Release);
+            }
+            return outcome;
+        }
         // An empty plan (a call of no bytes) spawns no block but still meets the call check:
         // a rank whose call is empty while its peers' is not gets `Mismatch` like them.
         let (check, results) = std::thread::scope(|scope| {
@@ -312,6 +338,124 @@ impl HostWorld {
             self.ranks[rank].finished.store(number, Ordering::Release);
         }
         outcome
+    }
+
+    /// Runs blocks `blocks` of `plan` (one kernel), one thread each, and returns their results.
+    fn run_kernel(
+        &self,
+        plan: &Plan,
+        blocks: &[usize],
+        buffers: CallBuffers,
+        trace: bool,
+    ) -> Vec<Result<Vec<TraceEntry>, Error>> {
+        let rank = plan.rank as usize;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = blocks
+                .iter()
+                .map(|&b| scope.spawn(move || BlockRun { world: self, plan, rank, block: b, buffers, trace }.run()))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Poisoned("a host executor thread panicked".into()))))
+                .collect()
+        })
+    }
+
+    /// A plan with an engine program (docs/perf/copy-engines.md §3.5): the entry kernel, then
+    /// the engine program on this rank's `HostCopyEngine` (before the main kernel, or beside
+    /// it where the program is forked), then the exit kernel, each after the previous one as
+    /// on one stream. A kernel that fails ends the stream there (the world is poisoned, so the
+    /// peers fail too).
+    fn run_stream(&self, plan: &Plan, buffers: CallBuffers, trace: bool) -> Vec<Result<Vec<TraceEntry>, Error>> {
+        use purlin_snac::plan::engine::Kernel;
+        let Some(eng) = &plan.engine else { return self.run_kernel(plan, &[], buffers, trace) };
+        let of = |k: Kernel| -> Vec<usize> {
+            (0..plan.blocks.len()).filter(|&b| Kernel::of(plan.blocks[b].role) == k).collect()
+        };
+        let (entry, main, exit) = (of(Kernel::Entry), of(Kernel::Main), of(Kernel::Exit));
+        // Every epoch word holds the call's epoch until a block of this call advances its own:
+        // the engine's notify values are taken from it before the entry kernel runs.
+        let epoch = self.ranks[plan.rank as usize].epochs.first().map_or(0, |e| e.load(Ordering::Acquire));
+        let mut results = self.run_kernel(plan, &entry, buffers, trace);
+        let failed = |r: &[Result<Vec<TraceEntry>, Error>]| r.iter().any(Result::is_err);
+        if failed(&results) {
+            return results;
+        }
+        match eng.after {
+            purlin_snac::Phase::Sequential => {
+                results.extend(self.run_kernel(plan, &main, buffers, trace));
+                if failed(&results) {
+                    return results;
+                }
+                results.push(self.run_engine(plan, buffers, epoch).map(|()| Vec::new()));
+                if let Some(Err(e)) = results.last() {
+                    // The peers wait for this engine's notifies: fail them now, not at the timeout.
+                    self.poison_because(e);
+                }
+            }
+            purlin_snac::Phase::Forked => {
+                let (side, main_results) = std::thread::scope(|scope| {
+                    let side = scope.spawn(move || self.run_engine(plan, buffers, epoch));
+                    let main_results = self.run_kernel(plan, &main, buffers, trace);
+                    let side = side
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::Poisoned("a host copy-engine thread panicked".into())));
+                    (side, main_results)
+                });
+                if let Err(e) = &side {
+                    self.poison_because(e);
+                }
+                results.extend(main_results);
+                results.push(side.map(|()| Vec::new()));
+            }
+        }
+        if failed(&results) {
+            return results;
+        }
+        results.extend(self.run_kernel(plan, &exit, buffers, trace));
+        results
+    }
+
+    /// Runs `plan`'s engine program on a `HostCopyEngine` of this call: each batch of copies
+    /// with `copy_batch`, and each notify once every earlier copy has completed
+    /// (`synchronize`, then a release store, "copy, then notify"). The program has no waits, so
+    /// the engine cannot hang; a copy the engine refuses is a malformed plan.
+    fn run_engine(&self, plan: &Plan, buffers: CallBuffers, epoch: u64) -> Result<(), Error> {
+        use purlin_atom::host_copy_engine::{HostCopyEngine, HostCopyOp};
+        use purlin_snac::EngineStep;
+        let Some(eng) = &plan.engine else { return Ok(()) };
+        let rank = plan.rank as usize;
+        // Regions resolve as a block's do (no block of this index runs).
+        let run = BlockRun { world: self, plan, rank, block: usize::MAX, buffers, trace: false };
+        let at = At { step: 0, body: None, chunk: 0 };
+        let malformed = |what: String| Error::InvalidArgument(format!("rank {rank} copy engine: {what}"));
+        let engine = HostCopyEngine::with_timeout(self.timeout);
+        for (copies, notifies) in eng.segments() {
+            let mut ops = Vec::with_capacity(copies.len());
+            for c in copies {
+                let EngineStep::Copy { dst, src, len, guard } = c else { continue };
+                let n = len.at(0);
+                if !guard.admits(0) || n == 0 {
+                    continue;
+                }
+                let d = run.ptr(dst, 0, epoch & 1, n).map_err(&malformed)?;
+                let s = run.ptr(src, 0, epoch & 1, n).map_err(&malformed)?;
+                ops.push(HostCopyOp { dst: d, src: s, bytes: n as usize });
+            }
+            // SAFETY: every address was bounds-checked against its buffer (`ptr`), which
+            // outlives the call (`execute` joins the stream before returning) and which the
+            // verified plan gives this rank's engine alone until its notifies; the copies of one
+            // batch write disjoint bytes (`Plan::check`). `synchronize` below waits for them.
+            unsafe { engine.copy_batch(&ops) }.map_err(|e| malformed(e.to_string()))?;
+            if !notifies.is_empty() {
+                engine.synchronize().map_err(|e| malformed(e.to_string()))?;
+                for n in notifies {
+                    run.notify(n, epoch, 0, at)?;
+                }
+                self.notify_all();
+            }
+        }
+        engine.synchronize().map_err(|e| malformed(e.to_string()))
     }
 
     /// The call check (kernels/snac/exec.cuh `run_call_check`, the same words and rules):

@@ -366,6 +366,11 @@ impl DeviceExecutor {
     /// Checks that a kernel exists for the plan's dtype and op (a typed error where the Atom
     /// lacks the dtype).
     pub fn check_supported(&self, plan: &Plan) -> Result<(), Error> {
+        // A copy-engine plan is an entry kernel, the engine's work and an exit kernel
+        // (`comm/engine.rs`); as one kernel it would run without its copies.
+        if plan.engine.is_some() {
+            return Err(Error::Unsupported("a copy-engine plan launches as two kernels and copies, not as one".into()));
+        }
         self.interpreter(&self.exec_key(plan)?).map(|_| ())
     }
 

@@ -108,6 +108,11 @@ pub struct PlanConfig {
     /// is registered too reduces its shard so and stores it into every peer's output. In
     /// place, input and output are one registered buffer: set both.
     pub peer_inputs: bool,
+    /// One-copy gathers (AllGather, AllToAll, their V forms) move their bytes on the copy
+    /// engines: an entry kernel, an engine program, an exit kernel
+    /// ([`crate::plan::EngineProgram`], docs/perf/copy-engines.md §3). Other plans ignore it.
+    #[serde(default)]
+    pub copy_engine: bool,
 }
 
 /// Greatest common divisor (at least 1).
@@ -160,6 +165,7 @@ impl Default for PlanConfig {
             in_place: false,
             peer_outputs: false,
             peer_inputs: false,
+            copy_engine: false,
         }
     }
 }
@@ -268,6 +274,12 @@ pub fn one_copy(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
     (!inputs || cfg.peer_inputs) && (!outputs || cfg.peer_outputs)
 }
 
+/// Whether a throughput plan of `spec` moves its bytes on the copy engines under `cfg`: a
+/// one-copy gather (no reduction) with [`PlanConfig::copy_engine`] set.
+pub fn copy_engine(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
+    cfg.copy_engine && one_copy(spec, cfg) && spec.collective.consume_op() == crate::types::ConsumeOp::Gather
+}
+
 /// Whether an AllReduce is planned two-shot/composed under `cfg`.
 pub(crate) fn two_shot(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
     cfg.allreduce.composed(spec)
@@ -276,6 +288,7 @@ pub(crate) fn two_shot(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
 fn derive_rank_unchecked(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
     let plan = match cfg.regime {
         Regime::Latency => latency::derive(spec, cfg, rank)?,
+        Regime::Throughput if one_copy(spec, cfg) && copy_engine(spec, cfg) => one_copy::derive_ce(spec, cfg, rank)?,
         Regime::Throughput if one_copy(spec, cfg) => one_copy::derive(spec, cfg, rank)?,
         Regime::Throughput => throughput::derive(spec, cfg, rank)?,
     };
@@ -327,11 +340,13 @@ pub(crate) fn empty_plan(
             flag_words: 0,
             counter_words: 0,
             epoch_words: cfg.max_coresident_blocks,
+            ce_value_words: 0,
         },
         advance: crate::plan::Advance::Fixed(0),
         max_coresident_blocks: cfg.max_coresident_blocks,
         one_copy: false,
         blocks: vec![],
+        engine: None,
     }
 }
 

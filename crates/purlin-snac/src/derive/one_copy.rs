@@ -228,3 +228,69 @@ fn reduce_body(
     }
     (trips, body)
 }
+
+/// A copy collective on the copy engines (docs/perf/copy-engines.md §3.2): the entry kernel
+/// (one block, `CeEntry`) signals every peer's entry flag and waits, bounded, for the entry of
+/// every peer it copies to; the engine program then copies every transfer of this rank in one batch and
+/// notifies each peer's done flag; the exit kernel (one block, `CeExit`) waits for every
+/// peer's done. The flags and values are the SM one-copy plan's (`entry`, `done`, `E + 1`,
+/// advance 1), so calls of either datapath follow each other on the same words.
+pub(super) fn derive_ce(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
+    use crate::plan::{EngineProgram, EngineStep, Phase};
+    let world = spec.world;
+    let mut plan = empty_plan(spec, cfg, rank, Regime::Throughput, Some(cfg.staging_side));
+    plan.one_copy = true;
+    if empty_non_v(spec) {
+        return Ok(plan);
+    }
+    if cfg.max_coresident_blocks < 2 {
+        return Err(DeriveError::TooManyBlocks { need: 2, bound: cfg.max_coresident_blocks });
+    }
+    let segment = super::flag_segment(cfg, world);
+    if segment < super::ONE_COPY_FLAGS {
+        return Err(DeriveError::FlagsTooFew {
+            need: super::ONE_COPY_FLAGS as u64 * world as u64,
+            have: cfg.flag_words,
+        });
+    }
+    let entry = |from: u32| Index::fixed((from + 1) * segment - 2);
+    let done = |from: u32| Index::fixed((from + 1) * segment - 1);
+    let once = EpochVal::at(1);
+    let peers = || (0..world).filter(move |&q| q != rank);
+    let mut head: Vec<Step> = peers()
+        .map(|q| Step::Signal {
+            notify: Notify { kind: NotifyKind::Ready, peer: q, flag: entry(rank), value: once },
+            guard: Guard::ALWAYS,
+        })
+        .collect();
+    let sends = transfers(spec, cfg, rank);
+    // A peer's output is this call's once the peer has entered it: wait for each peer that
+    // this rank's copies write to (the done flags order everything else).
+    let mut to: Vec<u32> = sends.iter().filter(|t| t.to != rank).map(|t| t.to).collect();
+    to.dedup();
+    head.extend(to.into_iter().map(|q| Step::Wait { flag: entry(q), value: once, guard: Guard::ALWAYS }));
+    let tail: Vec<Step> = peers().map(|q| Step::Wait { flag: done(q), value: once, guard: Guard::ALWAYS }).collect();
+    let mut steps: Vec<EngineStep> = sends
+        .into_iter()
+        .map(|t| EngineStep::Copy {
+            dst: if t.to == rank {
+                Region::output(Offset::fixed(t.dst))
+            } else {
+                Region::peer_output(t.to, Offset::fixed(t.dst))
+            },
+            src: Region::input(Offset::fixed(t.src)),
+            len: Len::fixed(t.len),
+            guard: Guard::ALWAYS,
+        })
+        .collect();
+    steps.extend(
+        peers().map(|q| EngineStep::Notify(Notify { kind: NotifyKind::Ready, peer: q, flag: done(rank), value: once })),
+    );
+    plan.blocks.push(BlockProgram { role: Role::CeEntry, steps: head });
+    plan.blocks.push(BlockProgram { role: Role::CeExit, steps: tail });
+    plan.engine = Some(EngineProgram { after: Phase::Sequential, steps });
+    plan.resources.flag_words = world * segment;
+    plan.resources.ce_value_words = world - 1;
+    plan.advance = Advance::Fixed(1);
+    Ok(plan)
+}

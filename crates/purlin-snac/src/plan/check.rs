@@ -93,6 +93,7 @@ impl Plan {
         if let Some(e) = err {
             return Err(e);
         }
+        self.check_engine().map_err(|what| PlanError::Other { rank, what })?;
         self.check_shares().map_err(|what| PlanError::Other { rank, what })
     }
 
@@ -158,7 +159,7 @@ impl Plan {
         Ok(())
     }
 
-    fn check_region(&self, r: &Region, len: &Len, (lo, hi): (u64, u64)) -> Result<(), String> {
+    pub(super) fn check_region(&self, r: &Region, len: &Len, (lo, hi): (u64, u64)) -> Result<(), String> {
         let world = self.spec.world;
         match r.space {
             Space::Staging(p) | Space::Window(p) | Space::PeerOutput(p) | Space::PeerInput(p) if p >= world => {
@@ -373,7 +374,7 @@ impl Plan {
         }
     }
 
-    fn check_notify(&self, n: &Notify, range: (u64, u64)) -> Result<(), String> {
+    pub(super) fn check_notify(&self, n: &Notify, range: (u64, u64)) -> Result<(), String> {
         self.check_peer(n.peer)?;
         self.check_index(&n.flag, self.resources.flag_words, range, "flag")?;
         self.check_val(&n.value, range)
@@ -451,6 +452,9 @@ pub fn check_set(plans: &[Plan]) -> Result<(), PlanError> {
                 _ => {}
             }
         });
+        for n in p.engine.iter().flat_map(|e| e.notifies()) {
+            flags[n.peer as usize].insert(n.flag.at(0));
+        }
     }
     for p in plans {
         let mut err = None;

@@ -163,6 +163,18 @@ impl fmt::Display for Plan {
                 }
             }
         }
+        if let Some(eng) = &self.engine {
+            writeln!(f, "  copy engine ({:?}, {} value words):", eng.after, r.ce_value_words)?;
+            for (i, s) in eng.steps.iter().enumerate() {
+                let as_step = match s {
+                    super::EngineStep::Copy { dst, src, len, guard } => {
+                        Step::Gather { dst: *dst, src: *src, len: *len, expect: None, guard: *guard }
+                    }
+                    super::EngineStep::Notify(n) => Step::Signal { notify: *n, guard: super::Guard::ALWAYS },
+                };
+                writeln!(f, "    {i}: {}", as_step.to_string().replacen("gather", "copy", 1))?;
+            }
+        }
         Ok(())
     }
 }

@@ -13,6 +13,7 @@
 mod check;
 mod codec;
 mod display;
+pub mod engine;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +22,7 @@ use crate::types::{PacketFormat, Regime, StagingSide};
 
 pub use check::check_set;
 pub use codec::{CodecError, decode_plans, encode_plans};
+pub use engine::{EngineProgram, EngineStep, Phase};
 
 /// A byte offset affine in the chunk index `c` and the sense `s` (0 or 1):
 /// `base + (chunk_modulus == 0 ? c : c % chunk_modulus) * chunk_stride + s * sense_stride`.
@@ -238,6 +240,14 @@ pub enum Role {
     Tail,
     /// Anything a hand-written plan wants.
     Custom(u32),
+    /// A plan with an engine program: the entry kernel (signals and bounded waits before the
+    /// copy engines start; [`engine`]).
+    CeEntry,
+    /// A plan with an engine program: the exit kernel (bounded waits after the copy engines).
+    CeExit,
+    /// The copy-engine program as a block, in [`engine::lower`]'s plans only (the verifier's
+    /// view); never a block of a plan that runs.
+    CopyEngine,
 }
 
 /// A stage made by several blocks together: each of the `writers` blocks that run an identical
@@ -362,6 +372,10 @@ pub struct Resources {
     pub counter_words: u32,
     /// Per-block epoch words per rank; blocks beyond the grid are advanced too.
     pub epoch_words: u32,
+    /// Words holding the values of the engine program's notifies (one per notify), which the
+    /// entry kernel stores for the copy engines to write ([`EngineProgram`]); 0 without one.
+    #[serde(default)]
+    pub ce_value_words: u32,
 }
 
 /// How an in-place call's input and output share one buffer.
@@ -402,6 +416,10 @@ pub struct Plan {
     #[serde(default)]
     pub one_copy: bool,
     pub blocks: Vec<BlockProgram>,
+    /// The copy-engine program of a one-copy call whose bytes the copy engines move
+    /// ([`engine`]); `None` for a plan of SM blocks only.
+    #[serde(default)]
+    pub engine: Option<EngineProgram>,
 }
 
 /// A structural defect of a plan or a set of plans.
@@ -462,6 +480,11 @@ impl Plan {
         let mut found = (false, false);
         for b in &self.blocks {
             visit(&b.steps, &mut found);
+        }
+        for s in self.engine.iter().flat_map(|e| &e.steps) {
+            if let EngineStep::Copy { dst, .. } = s {
+                found.1 |= matches!(dst.space, Space::PeerOutput(_));
+            }
         }
         found
     }

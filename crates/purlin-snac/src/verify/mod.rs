@@ -71,6 +71,7 @@
 //! - [`mutate`]: mutation operators over plans, to prove the verifier can fail.
 //! - [`twin`]: the chunk cutoff's twin plans.
 
+pub mod engine;
 mod explore;
 pub mod mem;
 pub mod mutate;
@@ -305,7 +306,9 @@ pub fn verify(calls: &[Vec<Plan>], opts: &Options) -> Report {
         return Report { coverage: Coverage::Static, result: Err(v), elapsed: t0.elapsed(), cutoff: None };
     }
     // The chunk cutoff, here rather than in callers: static checks above saw the originals.
-    let tw = twin::twin(calls, &senses(calls));
+    // Copy-engine programs become a block each (`plan::engine::lower`): the agent of the
+    // model, after its stream's entry kernel, its copies data accesses, its notifies releases.
+    let tw = twin::twin(&crate::plan::engine::lower_calls(calls), &senses(calls));
     let cutoff = tw.cutoff;
     let opts = *opts;
     let originals = calls.to_vec();

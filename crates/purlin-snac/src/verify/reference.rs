@@ -73,7 +73,10 @@ const MAX_INSTANCES: usize = 20_000;
 
 /// Checks back-to-back calls (each a plan per rank), exploring at most `max_states` states.
 pub fn check(calls: &[Vec<Plan>], max_states: u64) -> Verdict {
-    match Model::new(calls) {
+    // Copy-engine programs as the plan module defines them, in block steps; the static
+    // conditions are the originals'.
+    let lowered = crate::plan::engine::lower_calls(calls);
+    match Model::new(calls, &lowered) {
         Err(why) => Verdict::Reject(why),
         Ok(None) => Verdict::Inconclusive { states: 0 },
         Ok(Some(m)) => m.explore(max_states),
@@ -261,12 +264,12 @@ fn sense_dependent(p: &Plan) -> bool {
 impl<'a> Model<'a> {
     /// The static conditions, then the model's tables; `Ok(None)` when the programs are too
     /// long to unroll.
-    fn new(calls: &'a [Vec<Plan>]) -> Result<Option<Self>, String> {
+    fn new(originals: &[Vec<Plan>], calls: &'a [Vec<Plan>]) -> Result<Option<Self>, String> {
         let world = calls.first().map_or(0, |c| c.len());
         if world == 0 {
             return Err("no calls".into());
         }
-        for (k, plans) in calls.iter().enumerate() {
+        for (k, plans) in originals.iter().enumerate() {
             if plans.len() != world {
                 return Err(format!("call {k} has another world"));
             }

@@ -124,6 +124,12 @@ impl Comm {
     ) -> Result<FusedCall<'_>, Error> {
         let peers = self.peer_buffers(&spec, in_place, input, output)?;
         let prepared = self.prepared(spec, in_place, peers.flags())?;
+        if prepared.ce.is_some() {
+            return Err(Error::Unsupported(
+                "a fused kernel runs SM blocks only; this call's plan runs on the copy engines (PURLIN_DATAPATH=sm)"
+                    .into(),
+            ));
+        }
         let key = self.exec.exec_key(&prepared.plan)?;
         let words = purlin_snac::params::encode(&prepared.plan);
         let words = self.stream.clone_htod(&words).map_err(driver("cuMemcpyHtoDAsync"))?;

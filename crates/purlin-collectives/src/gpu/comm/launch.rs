@@ -15,11 +15,19 @@ use crate::flight::Executor;
 use crate::gpu::executor::{ExecParams, ExecRuntime};
 use crate::observe::{CallSpan, warn_once};
 
+/// Whether `Datapath::Auto` may pick the copy engines on GPUs. Off until the device sequence
+/// (`engine.rs`) has passed `gpu_copy_engine_plans` on a GPU: until then only an explicit
+/// `PURLIN_DATAPATH=ce` runs copy-engine plans on GPUs (docs/perf/copy-engines.md §3.8).
+const DEVICE_AUTO_COPY_ENGINE: bool = false;
+
 /// A plan ready to launch: the plan and its parameter block.
 #[derive(Debug)]
 pub(crate) struct PreparedPlan {
     pub(crate) plan: Plan,
+    /// The plan's parameter block (a copy-engine plan's: its entry kernel's).
     params: ExecParams,
+    /// A copy-engine plan's exit kernel and engine work (`engine.rs`).
+    pub(crate) ce: Option<super::engine::CeLaunch>,
 }
 
 /// Every rank's input and output as mapped here, where a call's are symmetric buffers.
@@ -64,13 +72,15 @@ impl Comm {
         if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
-        let limits = PlanLimits::of_workspace(
+        let mut limits = PlanLimits::of_workspace(
             &self.layout.config,
             self.exec_bound.min(self.layout.config.epoch_words as u32),
             self.exec.packet(),
             peer_outputs,
             peer_inputs,
         );
+        limits.copy_engine = self.copy_engine.is_some()
+            && (self.tuning.datapath == crate::call::tuning::Datapath::CopyEngine || DEVICE_AUTO_COPY_ENGINE);
         let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::gpu::kernels::EXEC_PARAM_WORDS;
         let (plan, cfg) =
             crate::call::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
@@ -98,10 +108,16 @@ impl Comm {
             });
         }
         self.layout.check_resources(&plan.resources)?;
-        self.exec.check_supported(&plan)?;
         let call_bytes = plan.spec.input_bytes(plan.rank).max(plan.spec.output_bytes(plan.rank));
-        let params = self.exec.params(&plan, call_bytes <= self.tuning.device_params_max_bytes)?;
-        let prepared = Arc::new(PreparedPlan { plan, params });
+        let from_device = call_bytes <= self.tuning.device_params_max_bytes;
+        let (params, ce) = if plan.engine.is_some() {
+            let (ce, entry) = super::engine::CeLaunch::new(&self.exec, &plan)?;
+            (self.exec.params(&entry, from_device)?, Some(ce))
+        } else {
+            self.exec.check_supported(&plan)?;
+            (self.exec.params(&plan, from_device)?, None)
+        };
+        let prepared = Arc::new(PreparedPlan { plan, params, ce });
         self.plans.lock().unwrap_or_else(|e| e.into_inner()).insert(key, prepared.clone());
         Ok(prepared)
     }
@@ -177,7 +193,18 @@ impl Comm {
         // until teardown, each holding what the spec has every rank read or write there
         // (`peer_buffers`), accessed by the plan only between the peer's entry and exit. Raw
         // buffers carry the same promises from their maker (`RawBuffer::from_raw`).
-        let launched = unsafe { self.exec.launch(&stream, &prepared.plan, &prepared.params, &rt) };
+        let launched = match (&prepared.ce, &self.copy_engine) {
+            // SAFETY: as above; the engine's copies and notifies touch the same buffers, the
+            // peers' flag words and this rank's epoch words.
+            (Some(ce), Some(engine)) => unsafe {
+                self.exec
+                    .launch(&stream, &ce.entry, &prepared.params, &rt)
+                    .and_then(|()| ce.launch_rest(engine, &self.exec, &stream, &rt))
+            },
+            (Some(_), None) => Err(Error::Unsupported("a copy-engine plan on a GPU without a copy engine".into())),
+            // SAFETY: as above.
+            (None, _) => unsafe { self.exec.launch(&stream, &prepared.plan, &prepared.params, &rt) },
+        };
         if let (Err(_), Some(n)) = (&launched, number) {
             self.flight.lock().unwrap_or_else(|e| e.into_inner()).finish(n, false);
         }

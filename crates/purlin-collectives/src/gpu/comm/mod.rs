@@ -24,6 +24,7 @@
 mod collectives;
 mod config;
 pub(crate) mod diag;
+mod engine;
 mod fused;
 mod group;
 mod launch;
@@ -156,6 +157,9 @@ pub struct Comm {
     gpu_sharing: u32,
     /// The stream of the last launch ([`Comm::on_stream`]).
     launches: stream::LaunchOrder,
+    /// This GPU's copy engine where every rank's GPU has one (64-bit stream memory
+    /// operations, agreed at set-up): one-copy gathers may then run on the copy engines.
+    copy_engine: Option<purlin_atom::copy_engine::CopyEngine>,
     owner: Owner,
 }
 

@@ -178,6 +178,18 @@ pub(super) fn setup(
         });
     }
 
+    // Copy engines only where every rank has them: each rank plans a call for the copy
+    // engines on its own, so all must be able to run such plans or none plans them.
+    let engine = purlin_atom::copy_engine::CopyEngine::new(&ctx);
+    if let Err(e) = &engine {
+        tracing::debug!(rank, error = %e, "no copy engine on this GPU: one-copy gathers stay on SM blocks");
+    }
+    let engines = host.all_gather(&[u8::from(engine.is_ok())], "set-up: copy engines")?;
+    let copy_engine = engine.ok().filter(|_| engines.iter().all(|e| e.first() == Some(&1)));
+    if copy_engine.is_none() && config.tuning.datapath != crate::call::tuning::Datapath::Sm {
+        tracing::warn!(rank, "a rank's GPU has no 64-bit stream memory operations: no call runs on the copy engines");
+    }
+
     // Kernels are compiled before the final barrier, so a peer compiling for seconds is
     // waited for under the set-up timeout, not taken for dead later.
     let cache = config.kernel_cache.clone().map_or_else(KernelCache::default_location, KernelCache::new);
@@ -288,6 +300,7 @@ pub(super) fn setup(
         kernel_cache: cache,
         gpu_sharing: sharing,
         launches: Default::default(),
+        copy_engine,
         owner,
     };
     comm.host.barrier("set-up: final barrier")?;
