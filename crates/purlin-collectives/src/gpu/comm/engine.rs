@@ -42,7 +42,10 @@ type Parts = (Plan, Plan, Vec<(Region, Region, u64)>, Vec<(usize, u64)>);
 
 /// Splits `plan` (with an engine program) into its entry and exit kernels and the engine's
 /// work, or says why the device cannot run it yet (a main kernel, a forked program, notify
-/// values other than `E + advance`, several batches).
+/// values other than `E + advance`, several batches). Every plan `derive_ce` makes (the
+/// AllGather, the AllToAll, their V forms, Broadcast; all with a fixed advance of 1, which
+/// `Plan::check` demands of every engine plan) splits, so no call the device plans for the
+/// copy engines meets these refusals (`every_derived_copy_engine_plan_splits`).
 pub(crate) fn split(plan: &Plan) -> Result<Parts, Error> {
     let Some(eng) = &plan.engine else { return Err(unsupported("no engine program")) };
     let Advance::Fixed(a) = plan.advance else { return Err(unsupported("an agreed advance")) };
@@ -156,6 +159,8 @@ mod tests {
 
     use purlin_snac::{CollectiveSpec, DataType, PlanConfig, derive};
 
+    use purlin_testkit as kit;
+
     use super::*;
     use crate::cpu::executor::{CallBuffers, HostMemoryConfig, HostWorld};
 
@@ -195,76 +200,212 @@ mod tests {
         assert!(matches!(split(&other_value), Err(Error::Unsupported(_))));
     }
 
-    /// The device's sequence run on the host executor: the entry kernel as a plan of its own
-    /// (which advances every epoch word), the copies, each notify writing this rank's epoch
-    /// word 0, the exit kernel with shifted waits and no advance; three calls back to back on
-    /// one world, every output exact, every epoch word where the whole plan would leave it.
+    /// Every plan `derive_ce` makes splits: AllGather, AllToAll, their V forms with empty
+    /// partitions and pairs (all of them empty too), Broadcast from every root, in place where
+    /// the collective has that form, worlds 2 to 8. So no eligible call the device plans for
+    /// the copy engines meets `split`'s refusals.
+    #[test]
+    fn every_derived_copy_engine_plan_splits() {
+        let mut split_plans = 0;
+        for world in 2..=8u32 {
+            let w = world as u64;
+            let skew = |s: u64, d: u64| if (s + d) % 3 == 0 { 0 } else { 7 * s + d + 1 };
+            let mut specs = vec![
+                CollectiveSpec::all_gather(world, DataType::F32, 33),
+                CollectiveSpec::all_to_all(world, DataType::U8, 10),
+                CollectiveSpec::all_gather_v(world, DataType::U8, (0..w).map(|r| r % 2 * 11).collect()),
+                CollectiveSpec::all_gather_v(world, DataType::U8, vec![0; world as usize]),
+                CollectiveSpec::all_to_all_v(
+                    world,
+                    DataType::U8,
+                    (0..w).map(|s| (0..w).map(|d| skew(s, d)).collect()).collect(),
+                ),
+                CollectiveSpec::all_to_all_v(world, DataType::F32, vec![vec![0; world as usize]; world as usize]),
+            ];
+            for root in 0..w {
+                specs.push(CollectiveSpec::all_gather_v(
+                    world,
+                    DataType::F32,
+                    (0..w).map(|r| if r == root { 9 } else { 0 }).collect(),
+                ));
+            }
+            for spec in &specs {
+                for in_place in [false, true] {
+                    if in_place && purlin_snac::derive::in_place_alias(spec, 0).is_none() {
+                        continue;
+                    }
+                    let plans = derive(spec, &PlanConfig { in_place, ..cfg() }).expect("derive");
+                    for p in &plans {
+                        assert!(p.engine.is_some(), "{:?} world {world}: a copy-engine plan", spec.collective);
+                        split(p)
+                            .unwrap_or_else(|e| panic!("{:?} world {world} in place {in_place}: {e}", spec.collective));
+                        split_plans += 1;
+                    }
+                }
+            }
+        }
+        assert!(split_plans > 300, "{split_plans} plans split");
+    }
+
+    /// One call of the sequence below: the spec, purlin-testkit's statement of it (inputs and
+    /// reference), and whether it runs on the copy engines (the device's split) or SM blocks.
+    struct SeqCall {
+        spec: CollectiveSpec,
+        kit: kit::Case,
+        ce: bool,
+    }
+
+    fn seq_call(spec: CollectiveSpec, kit: kit::Case, ce: bool) -> SeqCall {
+        SeqCall { spec, kit, ce }
+    }
+
+    /// The device's sequence for a copy-engine call run on the host executor: the entry kernel
+    /// as a plan of its own (which advances every epoch word), the copies, each notify writing
+    /// this rank's epoch word 0, the exit kernel with shifted waits and no advance.
+    fn run_split(host: &HostWorld, plan: &Plan, r: usize, b: CallBuffers) {
+        let (entry, exit, copies, notifies) = split(plan).expect("split");
+        host.execute(&entry, b, false).expect("entry kernel");
+        for (dst, src, n) in &copies {
+            let at = |reg: &Region| match reg.space {
+                Space::Input => b.input as *mut u8,
+                Space::Output => b.output,
+                Space::PeerOutput(q) => b.peer_outputs[q as usize].0,
+                _ => unreachable!("an engine copy's space"),
+            };
+            let (d, src_at) = (at(dst), at(src));
+            // SAFETY: `Plan::check` bounded both regions by their buffers, which outlive the
+            // call; the verified plan gives these bytes to this copy alone until its notify,
+            // which follows.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src_at.add(src.offset.base as usize),
+                    d.add(dst.offset.base as usize),
+                    *n as usize,
+                )
+            };
+        }
+        for &(peer, word) in &notifies {
+            host.store_flag(peer, word as usize, host.epoch(r, 0));
+        }
+        host.execute(&exit, b, false).expect("exit kernel");
+    }
+
+    /// The device's sequence run on the host executor for every copy-engine collective (the
+    /// AllGather, the AllToAll, their V forms with empty partitions and pairs, Broadcast from
+    /// root 0 and root 1), three copy-engine calls back to back and SM calls between them on
+    /// the same flag and epoch words, twice over: every output exact against purlin-testkit,
+    /// every epoch word where the whole plan leaves it.
     #[test]
     fn the_split_plans_run_like_the_plan_on_the_host_executor() {
         let world = 3usize;
-        let specs = [
-            CollectiveSpec::all_gather(3, DataType::U8, 100),
-            CollectiveSpec::all_to_all_v(3, DataType::U8, vec![vec![5, 0, 40], vec![7, 9, 0], vec![0, 30, 2]]),
-            CollectiveSpec::all_gather(3, DataType::U8, 64),
+        let w = world as u32;
+        let (u8k, f32k) = (kit::Dtype::U8, kit::Dtype::F32);
+        let case = |c, dt, op, counts| kit::Case::with_counts(c, dt, op, world, counts);
+        let ag_v = vec![40u64, 0, 13];
+        let a2a_v = vec![vec![5u64, 0, 40], vec![7, 9, 0], vec![0, 30, 2]];
+        let usize_of = |v: &[u64]| v.iter().map(|&c| c as usize).collect::<Vec<_>>();
+        // Broadcast from `root`: the AllGatherV with counts at the root only (`Call::Broadcast`).
+        let bcast = |root: usize, n: u64| {
+            let counts: Vec<u64> = (0..world).map(|p| if p == root { n } else { 0 }).collect();
+            let kit = if root == 0 {
+                case(kit::Collective::Broadcast, f32k, None, kit::Counts::Uniform(n as usize))
+            } else {
+                case(kit::Collective::AllGatherV, f32k, None, kit::Counts::PerRank(usize_of(&counts)))
+            };
+            seq_call(CollectiveSpec::all_gather_v(w, DataType::F32, counts), kit, true)
+        };
+        let sequence = [
+            seq_call(
+                CollectiveSpec::all_gather(w, DataType::U8, 100),
+                case(kit::Collective::AllGather, u8k, None, kit::Counts::Uniform(100)),
+                true,
+            ),
+            seq_call(
+                CollectiveSpec::all_to_all_v(w, DataType::U8, a2a_v.clone()),
+                case(
+                    kit::Collective::AllToAllV,
+                    u8k,
+                    None,
+                    kit::Counts::PerPair(a2a_v.iter().map(|r| usize_of(r)).collect()),
+                ),
+                true,
+            ),
+            seq_call(
+                CollectiveSpec::all_gather_v(w, DataType::F32, ag_v.clone()),
+                case(kit::Collective::AllGatherV, f32k, None, kit::Counts::PerRank(usize_of(&ag_v))),
+                true,
+            ),
+            seq_call(
+                CollectiveSpec::all_reduce(w, DataType::F32, purlin_snac::ReduceOp::Sum, 96),
+                case(kit::Collective::AllReduce, f32k, Some(kit::Op::Sum), kit::Counts::Uniform(96)),
+                false,
+            ),
+            bcast(0, 77),
+            bcast(1, 64),
+            seq_call(
+                CollectiveSpec::all_to_all(w, DataType::F32, 21),
+                case(kit::Collective::AllToAll, f32k, None, kit::Counts::Uniform(21)),
+                true,
+            ),
+            seq_call(
+                CollectiveSpec::all_gather(w, DataType::U8, 50),
+                case(kit::Collective::AllGather, u8k, None, kit::Counts::Uniform(50)),
+                false,
+            ),
+            seq_call(
+                CollectiveSpec::all_to_all_v(w, DataType::U8, vec![vec![0; 3]; 3]),
+                case(kit::Collective::AllToAllV, u8k, None, kit::Counts::PerPair(vec![vec![0; 3]; 3])),
+                true,
+            ),
         ];
         let mem = HostMemoryConfig { staging_bytes: 1 << 16, ..HostMemoryConfig::default() };
         let host = HostWorld::new(world, mem, Duration::from_secs(20));
-        for (k, spec) in specs.iter().enumerate() {
-            let plans = derive(spec, &cfg()).expect("derive");
-            let inputs: Vec<Vec<u8>> = (0..world)
-                .map(|r| (0..spec.input_bytes(r as u32)).map(|i| (k * 50 + r * 17 + i as usize) as u8).collect())
-                .collect();
-            let mut outputs: Vec<Vec<u8>> =
-                (0..world).map(|r| vec![0xA5; spec.output_bytes(r as u32) as usize]).collect();
-            let mut peers = [(std::ptr::null_mut(), 0); purlin_snac::MAX_WORLD];
-            for (slot, o) in peers.iter_mut().zip(outputs.iter_mut()) {
-                *slot = (o.as_mut_ptr(), o.len());
-            }
-            let before = host.epoch(0, 0);
-            std::thread::scope(|s| {
-                for (r, plan) in plans.iter().enumerate() {
-                    let (host, input) = (&host, &inputs[r]);
-                    let mut b = CallBuffers::new(input.as_ptr(), input.len(), peers[r].0, peers[r].1);
-                    b.peer_outputs = peers;
-                    s.spawn(move || {
-                        let (entry, exit, copies, notifies) = split(plan).expect("split");
-                        host.execute(&entry, b, false).expect("entry kernel");
-                        for (dst, src, n) in &copies {
-                            let at = |reg: &Region| match reg.space {
-                                Space::Input => b.input as *mut u8,
-                                Space::Output => b.output,
-                                Space::PeerOutput(q) => b.peer_outputs[q as usize].0,
-                                _ => unreachable!("an engine copy's space"),
-                            };
-                            let (d, src_at) = (at(dst), at(src));
-                            // SAFETY: `Plan::check` bounded both regions by their buffers, which
-                            // outlive the scope; the verified plan gives these bytes to this copy
-                            // alone until its notify, which follows.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    src_at.add(src.offset.base as usize),
-                                    d.add(dst.offset.base as usize),
-                                    *n as usize,
-                                )
-                            };
-                        }
-                        for &(peer, word) in &notifies {
-                            host.store_flag(peer, word as usize, host.epoch(r, 0));
-                        }
-                        host.execute(&exit, b, false).expect("exit kernel");
-                    });
+        let mut ce_calls = 0;
+        for round in 0..2u64 {
+            for (k, call) in sequence.iter().enumerate() {
+                let what = format!("round {round} call {k} ({:?})", call.spec.collective);
+                let cfg = PlanConfig { copy_engine: call.ce, chunk_bytes: 4096, ..cfg() };
+                let plans = derive(&call.spec, &cfg).expect("derive");
+                assert!(
+                    plans.iter().all(|p| p.engine.is_some() == call.ce),
+                    "{what}: the derived plans run on the copy engines: {}",
+                    call.ce
+                );
+                let kit = call.kit.clone().seeded(round * 100 + k as u64);
+                let inputs = kit.inputs();
+                let mut outputs: Vec<Vec<u8>> =
+                    (0..world).map(|r| vec![0xA5; call.spec.output_bytes(r as u32) as usize]).collect();
+                let mut peers = [(std::ptr::null_mut(), 0); purlin_snac::MAX_WORLD];
+                for (slot, o) in peers.iter_mut().zip(outputs.iter_mut()) {
+                    *slot = (o.as_mut_ptr(), o.len());
                 }
-            });
-            for (r, got) in outputs.iter().enumerate() {
-                let mut want = vec![0u8; spec.output_bytes(r as u32) as usize];
-                for seg in spec.segments(r as u32) {
-                    let (from, off) = seg.sources[0];
-                    let (a, n, off) = (seg.out_offset as usize, seg.len as usize, off as usize);
-                    want[a..a + n].copy_from_slice(&inputs[from as usize][off..off + n]);
+                let before: Vec<u64> = (0..world).map(|r| host.epoch(r, 0)).collect();
+                std::thread::scope(|s| {
+                    for (r, plan) in plans.iter().enumerate() {
+                        let (host, input) = (&host, &inputs[r]);
+                        assert_eq!(input.len() as u64, call.spec.input_bytes(r as u32), "{what}: rank {r}'s input");
+                        let mut b = CallBuffers::new(input.as_ptr(), input.len(), peers[r].0, peers[r].1);
+                        b.peer_outputs = peers;
+                        s.spawn(move || {
+                            if plan.engine.is_some() {
+                                run_split(host, plan, r, b);
+                            } else {
+                                host.execute(plan, b, false).expect("SM call");
+                            }
+                        });
+                    }
+                });
+                for (r, got) in outputs.iter().enumerate() {
+                    assert_eq!(*got, kit.expected(r), "{what}: rank {r}");
+                    if call.ce {
+                        for word in [0, 1, 7] {
+                            assert_eq!(host.epoch(r, word), before[r] + 1, "{what}: rank {r} word {word}: advance 1");
+                        }
+                    }
                 }
-                assert_eq!(*got, want, "call {k} rank {r}");
-                assert_eq!(host.epoch(r, 7), before + 1, "call {k} rank {r}: the plan advances by 1");
+                ce_calls += usize::from(call.ce);
             }
         }
+        assert_eq!(ce_calls, 14);
     }
 }
