@@ -8,8 +8,10 @@
 //! - Under torchrun (`RANK` and `WORLD_SIZE` set): `Comm::from_env()`, one process per GPU.
 //! - Otherwise, with 2 or more GPUs: `Comm::from_devices(streams)`, every local GPU driven
 //!   from this one process.
-//! - Without GPUs (or with one): the host executor, `CpuComm` (the same verified SNAC plans
-//!   the GPUs run, on CPU threads), and it says so.
+//! - With one GPU and `PURLIN_SHARED_GPU=1`: two ranks share it (`Comm::from_devices` on two
+//!   streams of GPU 0), a correctness check, not a speed one.
+//! - Without GPUs (or with one, unshared): the host executor, `CpuComm` (the same verified
+//!   SNAC plans the GPUs run, on CPU threads), and it says so.
 //!
 //! Every rank contributes `i + rank` at element `i` of the AllReduce and 8 copies of its rank
 //! to the AllGather; the sums are small integers, so the check is exact.
@@ -18,7 +20,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use cudarc::driver::{CudaContext, CudaSlice};
-use purlin_collectives::{Comm, CpuComm, CpuConfig, ReduceOp};
+use purlin_collectives::{Comm, CommConfig, CpuComm, CpuConfig, ReduceOp};
 
 /// AllReduce elements.
 const N: usize = 4096;
@@ -95,11 +97,12 @@ fn torchrun() -> Result<ExitCode> {
     Ok(verdict(bad))
 }
 
-/// Every local GPU from this process.
-fn all_local_gpus(gpus: usize) -> Result<ExitCode> {
-    println!("{gpus} GPUs found: Comm::from_devices, one rank per GPU, all driven from this process");
-    let streams = (0..gpus)
-        .map(|i| Ok(CudaContext::new(i).with_context(|| format!("CUDA context on GPU {i}"))?.new_stream()?))
+/// One rank per entry of `ordinals` (a GPU each, or GPU 0 twice when shared), all driven from
+/// this process.
+fn local_gpus(ordinals: &[usize]) -> Result<ExitCode> {
+    let streams = ordinals
+        .iter()
+        .map(|&i| Ok(CudaContext::new(i).with_context(|| format!("CUDA context on GPU {i}"))?.new_stream()?))
         .collect::<Result<Vec<_>>>()?;
     let comms = Comm::from_devices(streams).context("Comm::from_devices")?;
     let world = comms.len();
@@ -161,7 +164,17 @@ fn main() -> Result<ExitCode> {
     let gpus = if purlin_collectives::driver_present() { purlin_collectives::device_count() } else { 0 };
     match gpus {
         0 => host_executor("no GPU here"),
-        1 => host_executor("one GPU here (collectives on GPUs need two or more)"),
-        n => all_local_gpus(n.min(purlin_collectives::MAX_WORLD)),
+        1 if CommConfig::shared_gpu_from_env()? => {
+            println!(
+                "one GPU, PURLIN_SHARED_GPU=1: Comm::from_devices, 2 ranks sharing GPU 0, driven from this process"
+            );
+            local_gpus(&[0, 0])
+        }
+        1 => host_executor("one GPU here (collectives need two GPUs, or PURLIN_SHARED_GPU=1 for 2 ranks on it)"),
+        n => {
+            let n = n.min(purlin_collectives::MAX_WORLD);
+            println!("{n} GPUs found: Comm::from_devices, one rank per GPU, all driven from this process");
+            local_gpus(&(0..n).collect::<Vec<_>>())
+        }
     }
 }
