@@ -89,7 +89,8 @@ pub struct Tuning {
     /// call on symmetric buffers ([`crate::SymmetricBuffer`]) that stores straight into the
     /// peers' outputs or reduces straight from their inputs. 0: such calls stay staged.
     pub one_copy_blocks: u32,
-    /// Which engines move a one-copy gather's bytes (`PURLIN_DATAPATH`, [`Datapath`]).
+    /// Which engines move a one-copy gather's bytes and a one-copy AllReduce's gather half
+    /// (`PURLIN_DATAPATH`, [`Datapath`]).
     pub datapath: Datapath,
     /// Under [`Datapath::Auto`], the smallest piece one rank sends another for which a
     /// one-copy gather runs on the copy engines (`PURLIN_CE_MIN_BYTES`).
