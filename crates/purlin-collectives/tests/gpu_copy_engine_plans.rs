@@ -1,8 +1,10 @@
 //! Copy-engine plans on the GPU (docs/perf/copy-engines.md §3.5): with the datapath set to
 //! the copy engines, every eligible collective on symmetric buffers (AllGather, AllToAll,
 //! AllGatherV, AllToAllV with empty pairs and with every count zero, Broadcast from root 0
-//! and from root 1) runs as entry kernel, engine copies and notifies, exit kernel, and is
-//! exact against purlin-testkit: eager, twice over, with SM AllReduces on the same flag words
+//! and from root 1, and the AllReduce, Sum and Max at sizes the world does not divide, whose
+//! entry kernel reduces the shard on SM blocks before the copy engines push it) runs as entry
+//! kernel, engine copies and notifies, exit kernel, and is exact against purlin-testkit:
+//! eager, twice over, with SM ReduceScatters (one-copy, so on the same entry and done words)
 //! between them, and captured into one CUDA graph per rank (the SM calls too) replayed three
 //! times with fresh inputs. Each call is asserted to run on the copy engines (its plan, the
 //! one the call launched, has an engine program) and each SM call not to. World 2 (one
@@ -52,7 +54,7 @@ fn ce_call(comms: &[Comm], name: &'static str, call: ApiCall, kit: kit::Case, ce
     CeCall { name, call, kit, ce, send, recv }
 }
 
-/// Every call, in the order they run: the copy-engine collectives with SM AllReduces between.
+/// Every call, in the order they run: the copy-engine collectives with SM ReduceScatters between.
 fn sequence(comms: &[Comm]) -> Vec<CeCall> {
     let f32k = kit::Dtype::F32;
     let case = |c, op, counts| kit::Case::with_counts(c, f32k, op, WORLD, counts);
@@ -61,9 +63,16 @@ fn sequence(comms: &[Comm]) -> Vec<CeCall> {
     let zeros = vec![vec![0; WORLD]; WORLD];
     let agv = vec![N + 5, N / 3];
     let agv_empty = vec![N / 2, 0];
-    let all_reduce = |comms: &[Comm], name| {
-        let call = ApiCall::AllReduce { len: N, op: ReduceOp::Sum };
-        ce_call(comms, name, call, case(kit::Collective::AllReduce, Some(kit::Op::Sum), Counts::Uniform(N)), false)
+    // The SM calls between: with the copy engines selected, a symmetric AllReduce takes them
+    // too, and the one-copy ReduceScatter (SM blocks) shares their entry and done words.
+    let sm_reduce_scatter = |comms: &[Comm], name| {
+        let call = ApiCall::ReduceScatter { len: N, op: ReduceOp::Sum };
+        let kit = case(kit::Collective::ReduceScatter, Some(kit::Op::Sum), Counts::Uniform(N));
+        ce_call(comms, name, call, kit, false)
+    };
+    let all_reduce = |comms: &[Comm], name, len, op, kit_op| {
+        let call = ApiCall::AllReduce { len, op };
+        ce_call(comms, name, call, case(kit::Collective::AllReduce, Some(kit_op), Counts::Uniform(len)), true)
     };
     vec![
         ce_call(
@@ -73,7 +82,8 @@ fn sequence(comms: &[Comm]) -> Vec<CeCall> {
             case(kit::Collective::AllGather, None, Counts::Uniform(N)),
             true,
         ),
-        all_reduce(comms, "SM AllReduce after the AllGather"),
+        sm_reduce_scatter(comms, "SM ReduceScatter after the AllGather"),
+        all_reduce(comms, "AllReduce Sum, odd length", N + 3, ReduceOp::Sum, kit::Op::Sum),
         ce_call(
             comms,
             "AllToAll",
@@ -102,7 +112,8 @@ fn sequence(comms: &[Comm]) -> Vec<CeCall> {
             case(kit::Collective::AllToAllV, None, Counts::PerPair(a2a_v.clone())),
             true,
         ),
-        all_reduce(comms, "SM AllReduce after the AllToAllV"),
+        sm_reduce_scatter(comms, "SM ReduceScatter after the AllToAllV"),
+        all_reduce(comms, "AllReduce Max", N / 2 + 1, ReduceOp::Max, kit::Op::Max),
         ce_call(
             comms,
             "AllToAllV, every count zero",
@@ -143,6 +154,7 @@ fn issue(comm: &Comm, c: &mut CeCall) -> Result<Status, Error> {
         }
         ApiCall::Broadcast { root, .. } => comm.broadcast((r == *root).then_some(send), recv, *root as i32),
         ApiCall::AllReduce { op, .. } => comm.all_reduce(send, recv, op),
+        ApiCall::ReduceScatter { op, .. } => comm.reduce_scatter(send, recv, op),
         other => panic!("{other:?} is not in this test"),
     }
 }
@@ -263,7 +275,7 @@ fn copy_engine_collectives_are_exact_eager_between_sm_calls_and_captured() {
     }
     let ce: Vec<&str> = calls.iter().filter(|c| c.ce).map(|c| c.name).collect();
     println!(
-        "CE-PLANS: on the copy engines, exact eager (twice, between SM AllReduces) and in 3 graph replays: {}",
+        "CE-PLANS: on the copy engines, exact eager (twice, between SM ReduceScatters) and in 3 graph replays: {}",
         ce.join("; ")
     );
 }

@@ -1,7 +1,8 @@
 //! Copy-engine plans on the host executor (docs/perf/copy-engines.md §3.5): with
 //! `Tuning::datapath` set to the copy engines, every one-copy gather (AllGather, AllToAll,
-//! their V forms with empty partitions, Broadcast) runs its engine program on a
-//! `HostCopyEngine` per rank, and its outputs match purlin-testkit's reference bit for bit;
+//! their V forms with empty partitions, Broadcast) and the gather half of the one-copy
+//! AllReduce run their engine programs on a `HostCopyEngine` per rank, and their outputs match
+//! purlin-testkit's reference bit for bit;
 //! copy-engine and SM calls follow each other on the same flag words; the `Auto` policy picks
 //! the copy engines exactly where it is documented to.
 
@@ -63,6 +64,70 @@ fn every_gather_runs_on_the_copy_engines_and_matches_the_reference() {
         }
     }
     println!("{ran} copy-engine cases matched the reference");
+}
+
+/// The AllReduce on symmetric buffers with its gather half on the copy engines: SM blocks
+/// reduce each rank's shard, the engine pushes it to every peer. Sum and Max, f32 and bf16,
+/// worlds 2 to 4, sizes no world divides (3 elements at world 4: a rank with an empty shard),
+/// out of place and in place: every output bit for bit purlin-testkit's.
+#[test]
+fn all_reduce_runs_its_gather_half_on_the_copy_engines_and_matches_the_reference() {
+    let mut ran = 0;
+    for (world, sizes) in [(2usize, vec![301u64, 7]), (3, vec![1001, 10]), (4, vec![77, 3])] {
+        let comms = CpuComm::threads_with_config(world, ce_config(Datapath::CopyEngine)).expect("communicators");
+        for n in sizes {
+            assert!(n % world as u64 != 0);
+            for op in [ReduceOp::Sum, ReduceOp::Max] {
+                for dtype in [DataType::F32, DataType::Bf16] {
+                    let case = Case::new(
+                        Collective::AllReduce,
+                        world,
+                        dtype,
+                        Some(op),
+                        ReductionMode::Deterministic,
+                        Shape::Uniform(n),
+                        Setup::ThroughputOwn,
+                    )
+                    .symmetric();
+                    for case in [case.clone(), case.in_place()] {
+                        let ce = run(&comms, &case);
+                        assert!(ce.iter().all(|&x| x), "{}: copy engine per rank {ce:?}", case.name());
+                        ran += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(ran, 48);
+}
+
+/// With the copy engines selected, copy-engine AllReduces and gathers follow SM calls on one
+/// communicator: the one-copy ReduceScatter (SM blocks, the same entry and done words) and
+/// staged calls on plain buffers, twice over, every output exact.
+#[test]
+fn copy_engine_all_reduces_follow_sm_calls_on_the_same_flags() {
+    let world = 3;
+    let comms = CpuComm::threads_with_config(world, ce_config(Datapath::CopyEngine)).expect("communicators");
+    let mk = |c, dtype, op, n| {
+        Case::new(c, world, dtype, op, ReductionMode::Deterministic, Shape::uniform_w(c, n, 3), Setup::ThroughputOwn)
+    };
+    let (sum, max) = (Some(ReduceOp::Sum), Some(ReduceOp::Max));
+    let sequence = [
+        (mk(Collective::AllReduce, DataType::F32, sum, 1000).symmetric(), true),
+        (mk(Collective::ReduceScatter, DataType::F32, sum, 200).symmetric(), false),
+        (mk(Collective::AllGather, DataType::U8, None, 500).symmetric(), true),
+        (mk(Collective::AllReduce, DataType::Bf16, max, 700).symmetric().in_place(), true),
+        (mk(Collective::AllReduce, DataType::F32, sum, 400), false),
+        (mk(Collective::AllToAll, DataType::U8, None, 90).symmetric(), true),
+        (mk(Collective::ReduceScatter, DataType::Bf16, max, 100).symmetric().in_place(), false),
+        (mk(Collective::AllReduce, DataType::Bf16, sum, 2).symmetric(), true),
+    ];
+    for round in 0..2 {
+        for (case, want) in &sequence {
+            let ce = run(&comms, case);
+            assert!(ce.iter().all(|x| x == want), "round {round} {}: copy engine per rank {ce:?}", case.name());
+        }
+    }
 }
 
 /// Broadcast is the AllGatherV with counts at the root only: the root's engine copies, the
@@ -145,6 +210,10 @@ fn the_auto_policy_takes_the_copy_engines_only_for_capped_large_pieces() {
     let v = CollectiveSpec::all_to_all_v(2, DataType::U8, vec![vec![5, 16 << 20], vec![9 << 20, 5]]);
     assert!(Datapath::copy_engine(&v, &t(Some(16), 8 << 20)));
     assert!(Datapath::copy_engine(&spec(1), &Tuning { datapath: Datapath::CopyEngine, ..t(None, 8 << 20) }));
+    // The AllReduce's gather half: only where the copy engines are asked for.
+    let ar = CollectiveSpec::all_reduce(2, DataType::F32, purlin_snac::ReduceOp::Sum, 64 << 20);
+    assert!(!Datapath::copy_engine(&ar, &t(Some(16), 8 << 20)), "auto: an AllReduce stays on SM blocks");
+    assert!(Datapath::copy_engine(&ar, &Tuning { datapath: Datapath::CopyEngine, ..t(None, 8 << 20) }));
     assert!(!Datapath::copy_engine(&spec(1 << 30), &Tuning { datapath: Datapath::Sm, ..t(Some(1), 0) }));
     assert_eq!(Tuning::default().datapath, Datapath::Auto);
 }

@@ -1,7 +1,8 @@
 //! Writes the copy-engine entries of the verifier's corpora, `tests/plans/{accept,reject}/ce-*.json`
 //! (docs/perf/copy-engines.md §3.4): derived copy-engine plans, alone and back to back with SM
 //! calls, and one mutant per copy-engine mutation operator, each with the property the
-//! verifier rejects it for. Re-run after a plan format change:
+//! verifier rejects it for; the AllReduce whose gather half runs on the copy engines and its
+//! mutant that copies the shard before it is reduced. Re-run after a plan format change:
 //! `cargo run -p purlin-snac --example make_engine_corpus`.
 use purlin_snac::verify::engine::engine_mutants;
 use purlin_snac::verify::{Corpus, Options, verify};
@@ -57,4 +58,16 @@ fn main() {
         let (what, set) = mutants.iter().find(|(w, _)| w.contains(kind)).expect("a mutant of each kind");
         write("reject", name, &format!("AllGather w2 on the copy engines, {what}"), vec![set.clone(); 2]);
     }
+    // The AllReduce's gather half on the copy engines (37 elements: shards of unequal size).
+    let ar_ce = CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, 37);
+    write(
+        "accept",
+        "ce-all-reduce",
+        "AllReduce w2: SM blocks reduce the shard, the copy engines push it; CE, SM, CE calls on the same flags",
+        vec![d(&ar_ce, true), d(&ar, false), d(&ar_ce, true)],
+    );
+    let mutants = engine_mutants(&d(&ar_ce, true));
+    let (what, set) =
+        mutants.iter().find(|(w, _)| w.contains("forked beside the reduce")).expect("the copy-before-reduce mutant");
+    write("reject", "ce-all-reduce-copies-before-the-reduce", &format!("AllReduce w2, {what}"), vec![set.clone(); 2]);
 }

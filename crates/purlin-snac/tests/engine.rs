@@ -48,6 +48,56 @@ fn gathers() -> Vec<CollectiveSpec> {
     out
 }
 
+/// AllReduces whose gather half the copy engines take: worlds 2 and 3, sizes not divisible by
+/// the world, one with empty shards (2 elements at world 3), Sum and Max, f32 and bf16.
+fn all_reduces() -> Vec<CollectiveSpec> {
+    vec![
+        CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, 37),
+        CollectiveSpec::all_reduce(2, DataType::Bf16, ReduceOp::Max, 21),
+        CollectiveSpec::all_reduce(3, DataType::F32, ReduceOp::Max, 10),
+        CollectiveSpec::all_reduce(3, DataType::Bf16, ReduceOp::Sum, 2),
+    ]
+}
+
+#[test]
+fn derived_copy_engine_all_reduces_reduce_on_sm_blocks_then_copy_the_shard() {
+    for spec in all_reduces() {
+        for blocks in [1u32, 2] {
+            let plans = derive(&spec, &PlanConfig { blocks_per_role: blocks, ..cfg(true, false) }).unwrap();
+            for p in plans {
+                let roles: Vec<Role> = p.blocks.iter().map(|b| b.role).collect();
+                let mut want = vec![Role::CeEntry; blocks as usize];
+                want.push(Role::CeExit);
+                assert_eq!(roles, want, "{spec:?}");
+                let eng = p.engine.as_ref().expect("an engine program");
+                assert_eq!(eng.after, Phase::Sequential);
+                assert_eq!(eng.notifies().count() as u32, spec.world - 1);
+                // The engine copies this rank's shard, from its output, into every peer's.
+                let (off, len) = spec.shard(p.rank);
+                let mut to = vec![];
+                for s in &eng.steps {
+                    if let EngineStep::Copy { dst, src, len: n, .. } = s {
+                        assert_eq!(
+                            (src.space, src.offset.base, dst.offset.base, n.at(0)),
+                            (Space::Output, off, off, len)
+                        );
+                        match dst.space {
+                            Space::PeerOutput(q) => to.push(q),
+                            other => panic!("{spec:?}: a copy into {other:?}"),
+                        }
+                    }
+                }
+                to.sort();
+                let peers: Vec<u32> = (0..spec.world).filter(|&q| q != p.rank).collect();
+                assert_eq!(to, if len == 0 { vec![] } else { peers }, "{spec:?} rank {}", p.rank);
+                // No SM block stores into a peer's output: the engine does.
+                let text = format!("{:?}", p.blocks);
+                assert!(!text.contains("PeerOutput"), "{spec:?}: an SM block writes a peer's output");
+            }
+        }
+    }
+}
+
 #[test]
 fn derived_copy_engine_plans_have_the_designed_shape() {
     for spec in gathers() {
@@ -72,9 +122,12 @@ fn derived_copy_engine_plans_have_the_designed_shape() {
             assert_eq!(copied, sent, "{spec:?} rank {}", p.rank);
         }
     }
-    // Reductions keep SM blocks; staged gathers too.
+    // ReduceScatter (no gather half) keeps SM blocks; staged gathers and AllReduces too.
+    let rs = CollectiveSpec::reduce_scatter(2, DataType::F32, ReduceOp::Sum, 64);
+    assert!(derive(&rs, &cfg(true, false)).unwrap().iter().all(|p| p.engine.is_none()));
     let ar = CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, 64);
-    assert!(derive(&ar, &cfg(true, false)).unwrap().iter().all(|p| p.engine.is_none()));
+    let staged = PlanConfig { peer_inputs: false, ..cfg(true, false) };
+    assert!(derive(&ar, &staged).unwrap().iter().all(|p| p.engine.is_none()));
     let staged = PlanConfig { peer_outputs: false, ..cfg(true, false) };
     assert!(
         derive(&CollectiveSpec::all_gather(2, DataType::U8, 40), &staged).unwrap().iter().all(|p| p.engine.is_none())
@@ -86,6 +139,10 @@ fn derived_copy_engine_plans_verify_and_the_reference_agrees() {
     let mut specs: Vec<(CollectiveSpec, bool)> = gathers().into_iter().map(|s| (s, false)).collect();
     specs.push((CollectiveSpec::all_gather(2, DataType::U8, 40), true));
     specs.push((CollectiveSpec::all_gather(3, DataType::U8, 24), true));
+    for spec in all_reduces() {
+        specs.push((spec.clone(), false));
+        specs.push((spec, true));
+    }
     for (spec, in_place) in specs {
         let plans = derive(&spec, &cfg(true, in_place)).unwrap();
         let calls = vec![plans; 3];
@@ -99,7 +156,8 @@ fn derived_copy_engine_plans_verify_and_the_reference_agrees() {
     }
 }
 
-/// CE AllGather, SM AllReduce, CE AllToAllV, SM AllGather, CE AllGather: the datapath changes
+/// CE AllGather, SM AllReduce, CE AllToAllV, CE AllReduce, SM AllGather, CE AllGather: the
+/// datapath changes
 /// between calls on the same entry and done words, so their values must stay consistent.
 #[test]
 fn copy_engine_and_sm_calls_follow_each_other_on_the_same_flags() {
@@ -113,8 +171,9 @@ fn copy_engine_and_sm_calls_follow_each_other_on_the_same_flags() {
             (0..w as u64).map(|s| (0..w as u64).map(|d| (s + 2 * d) % 3 * 8).collect()).collect(),
         );
         let sm = |s: &CollectiveSpec| derive(s, &cfg(false, false)).unwrap();
-        let calls = vec![ce(&ag), sm(&ar), ce(&a2av), sm(&ag), ce(&ag)];
+        let calls = vec![ce(&ag), sm(&ar), ce(&a2av), ce(&ar), sm(&ag), ce(&ag)];
         assert!(calls[1].iter().all(|p| p.engine.is_none()) && calls[2].iter().all(|p| p.engine.is_some()));
+        assert!(calls[3].iter().all(|p| p.engine.is_some()), "the AllReduce's gather half on the copy engines");
         let r = verify(&calls, &Options::default());
         assert!(r.ok(), "world {w}: {}", r.result.unwrap_err());
         if w == 2 {
@@ -133,7 +192,7 @@ fn every_copy_engine_mutant_is_rejected() {
     ] {
         let plans = ce(&spec);
         let mutants = engine_mutants(&plans);
-        let kinds = ["dropped", "moved before", "shifted", "wait", "forked"];
+        let kinds = ["dropped", "moved before", "shifted", "wait", "forked before the entry"];
         for k in kinds {
             assert!(mutants.iter().any(|(d, _)| d.contains(k)), "{spec:?}: no mutant of kind {k}");
         }
@@ -178,10 +237,19 @@ fn the_structural_checks_refuse_malformed_engine_programs() {
     refuse(
         &|q| {
             if let Some(EngineStep::Copy { src, .. }) = q.engine.as_mut().unwrap().steps.first_mut() {
+                src.space = Space::PeerOutput(1);
+            }
+        },
+        "reads this rank's input or output",
+    );
+    // The own part (the first copy) writes the output: a copy of the same batch may not read it.
+    refuse(
+        &|q| {
+            if let Some(EngineStep::Copy { src, .. }) = q.engine.as_mut().unwrap().steps.get_mut(1) {
                 src.space = Space::Output;
             }
         },
-        "reads this rank's input",
+        "reads bytes another copy of it writes",
     );
     refuse(
         &|q| {
@@ -219,4 +287,42 @@ fn engine_plans_round_trip_through_json_and_bincode() {
     // The readable form names the engine's steps.
     let text = plans[0].to_string();
     assert!(text.contains("copy engine (Sequential") && text.contains("copy "), "{text}");
+}
+
+/// The AllReduce's copy-engine mutants: a dropped notify, a notify before its copy, a shifted
+/// copy, a dropped entry wait of a reducing block, and the copies forked beside the reduce
+/// (so they read the shard before it is reduced). Each is rejected by the verifier and, at
+/// world 2, by its reference; the forked one by the model (the engine reads the output before
+/// the reduce's write of it is ordered before the read), not by a structural check.
+#[test]
+fn every_copy_engine_all_reduce_mutant_is_rejected() {
+    let mut total = 0;
+    for (spec, blocks) in [
+        (CollectiveSpec::all_reduce(2, DataType::F32, ReduceOp::Sum, 20), 1u32),
+        (CollectiveSpec::all_reduce(3, DataType::F32, ReduceOp::Max, 30), 2),
+    ] {
+        let plans = derive(&spec, &PlanConfig { blocks_per_role: blocks, ..cfg(true, false) }).unwrap();
+        let mutants = engine_mutants(&plans);
+        for k in ["notify", "moved before", "shifted", "wait", "forked beside the reduce"] {
+            assert!(mutants.iter().any(|(d, _)| d.contains(k)), "{spec:?}: no mutant of kind {k}");
+        }
+        for (what, set) in mutants {
+            let calls = vec![set; 2];
+            let r = verify(&calls, &Options::default());
+            let why = r.result.as_ref().err().map(|e| e.to_string());
+            assert!(!r.ok(), "{spec:?}: mutant '{what}' verified");
+            if what.contains("forked beside the reduce") {
+                // The engine reads the shard before the reduce's write is ordered before it.
+                let why = why.unwrap_or_default();
+                let model = why.contains("readiness") || why.contains("race");
+                assert!(model && why.contains("output"), "{spec:?}: '{what}' rejected for another reason: {why}");
+            }
+            if spec.world == 2 {
+                let v = reference::check(&calls, 400_000);
+                assert_eq!(v.accepted(), Some(false), "{spec:?}: mutant '{what}': reference {v:?}");
+            }
+            total += 1;
+        }
+    }
+    assert!(total >= 20, "{total} mutants");
 }

@@ -89,7 +89,8 @@ pub struct Tuning {
     /// call on symmetric buffers ([`crate::SymmetricBuffer`]) that stores straight into the
     /// peers' outputs or reduces straight from their inputs. 0: such calls stay staged.
     pub one_copy_blocks: u32,
-    /// Which engines move a one-copy gather's bytes (`PURLIN_DATAPATH`, [`Datapath`]).
+    /// Which engines move a one-copy gather's bytes and a one-copy AllReduce's gather half
+    /// (`PURLIN_DATAPATH`, [`Datapath`]).
     pub datapath: Datapath,
     /// Under [`Datapath::Auto`], the smallest piece one rank sends another for which a
     /// one-copy gather runs on the copy engines (`PURLIN_CE_MIN_BYTES`).
@@ -97,7 +98,8 @@ pub struct Tuning {
 }
 
 /// Which engines move the bytes of one-copy gathers (AllGather, AllToAll, their V forms,
-/// Broadcast) on symmetric buffers (docs/perf/copy-engines.md §3.6). Reductions, staged and
+/// Broadcast) and the gather half of the one-copy AllReduce on symmetric buffers
+/// (docs/perf/copy-engines.md §3.6). ReduceScatter, the AllReduce's reduce half, staged and
 /// latency calls run on SM blocks whatever it says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Datapath {
@@ -105,9 +107,10 @@ pub enum Datapath {
     Sm,
     /// The copy engines for every eligible call, whatever its size (`ce`; for tests).
     CopyEngine,
-    /// The copy engines where every piece one rank sends another is at least
+    /// The copy engines for gathers where every piece one rank sends another is at least
     /// [`Tuning::ce_min_bytes`] and the caller caps blocks ([`Tuning::max_blocks`]); SM blocks
-    /// otherwise (`auto`, the default).
+    /// otherwise, AllReduce included (its copy-engine form reduces, then copies, with no
+    /// overlap, and has not been timed against the SM one) (`auto`, the default).
     #[default]
     Auto,
 }
@@ -118,6 +121,7 @@ impl Datapath {
         match tuning.datapath {
             Datapath::Sm => false,
             Datapath::CopyEngine => true,
+            Datapath::Auto if spec.collective == Collective::AllReduce => false,
             Datapath::Auto => {
                 // The pieces ranks exchange (own parts aside); every rank computes the same.
                 let pieces = (0..spec.world)
@@ -419,8 +423,10 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
     cfg.copy_engine = limits.copy_engine && Datapath::copy_engine(spec, tuning);
     let one_copy = purlin_snac::derive::one_copy(spec, &cfg);
     if one_copy {
-        // One role of blocks: the staged roles' knobs do not apply.
-        let max = tuning.max_blocks.unwrap_or(u32::MAX).min(limits.max_coresident_blocks);
+        // One role of blocks: the staged roles' knobs do not apply. A copy-engine AllReduce's
+        // plan also holds the exit kernel's block (`derive_ce`).
+        let exit = u32::from(purlin_snac::derive::copy_engine(spec, &cfg) && spec.collective == Collective::AllReduce);
+        let max = tuning.max_blocks.unwrap_or(u32::MAX).min(limits.max_coresident_blocks.saturating_sub(exit));
         cfg.blocks_per_role = tuning.one_copy_blocks.clamp(1, max.max(1));
         cfg.consumer_blocks_per_role = None;
     }

@@ -109,8 +109,9 @@ pub struct PlanConfig {
     /// place, input and output are one registered buffer: set both.
     pub peer_inputs: bool,
     /// One-copy gathers (AllGather, AllToAll, their V forms) move their bytes on the copy
-    /// engines: an entry kernel, an engine program, an exit kernel
-    /// ([`crate::plan::EngineProgram`], docs/perf/copy-engines.md §3). Other plans ignore it.
+    /// engines, and a one-copy AllReduce its gather half (SM blocks reduce the shard first):
+    /// an entry kernel, an engine program, an exit kernel ([`crate::plan::EngineProgram`],
+    /// docs/perf/copy-engines.md §3). Other plans ignore it.
     #[serde(default)]
     pub copy_engine: bool,
 }
@@ -275,9 +276,12 @@ pub fn one_copy(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
 }
 
 /// Whether a throughput plan of `spec` moves its bytes on the copy engines under `cfg`: a
-/// one-copy gather (no reduction) with [`PlanConfig::copy_engine`] set.
+/// one-copy gather (no reduction), or the gather half of a one-copy AllReduce, with
+/// [`PlanConfig::copy_engine`] set. A ReduceScatter has no gather half: it stays on SM blocks.
 pub fn copy_engine(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
-    cfg.copy_engine && one_copy(spec, cfg) && spec.collective.consume_op() == crate::types::ConsumeOp::Gather
+    cfg.copy_engine
+        && one_copy(spec, cfg)
+        && (spec.collective.consume_op() == crate::types::ConsumeOp::Gather || spec.collective == Collective::AllReduce)
 }
 
 /// Whether an AllReduce is planned two-shot/composed under `cfg`.

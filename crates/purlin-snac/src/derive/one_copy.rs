@@ -103,7 +103,7 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
             }
         }
         let (trips, body) = if spec.collective.consume_op() == ConsumeOp::Reduce {
-            reduce_body(spec, rank, b, cut, &wait_entry)
+            reduce_body(spec, rank, b, cut, &wait_entry, true)
         } else {
             gather_body(spec, cfg, rank, b, cut, &wait_entry)
         };
@@ -181,14 +181,16 @@ fn gather_body(
 /// PyTorch's symmetric-memory `two_shot_all_reduce_`): rank `r` reduces each segment of its
 /// output it owns (a ReduceScatter: all of it; an AllReduce: shard `r`) straight from every
 /// rank's input, in rank order, after that rank's entry (its input then holds this call's
-/// data); an AllReduce then stores the reduced shard into every peer's output. Only rank `r`
-/// reads or writes its part of any buffer, so parts never race.
+/// data); an AllReduce then stores the reduced shard into every peer's output where `push` is
+/// set (not where the copy engines do that, `derive_ce`). Only rank `r` reads or writes its
+/// part of any buffer, so parts never race.
 fn reduce_body(
     spec: &CollectiveSpec,
     rank: u32,
     b: u32,
     cut: Cut,
     wait_entry: &dyn Fn(u32) -> Step,
+    push: bool,
 ) -> (u64, Vec<Step>) {
     let all_reduce = spec.collective == Collective::AllReduce;
     let (lo, hi) = if all_reduce {
@@ -219,7 +221,7 @@ fn reduce_body(
             expect: None,
             guard: Guard::ALWAYS,
         });
-        if all_reduce {
+        if all_reduce && push {
             for step in 1..spec.world {
                 let dst = Region::peer_output((rank + step) % spec.world, at);
                 body.push(Step::Gather { dst, src: Region::output(at), len, expect: None, guard: Guard::ALWAYS });
@@ -229,12 +231,13 @@ fn reduce_body(
     (trips, body)
 }
 
-/// A copy collective on the copy engines (docs/perf/copy-engines.md §3.2): the entry kernel
-/// (one block, `CeEntry`) signals every peer's entry flag and waits, bounded, for the entry of
-/// every peer it copies to; the engine program then copies every transfer of this rank in one batch and
-/// notifies each peer's done flag; the exit kernel (one block, `CeExit`) waits for every
-/// peer's done. The flags and values are the SM one-copy plan's (`entry`, `done`, `E + 1`,
-/// advance 1), so calls of either datapath follow each other on the same words.
+/// A one-copy call on the copy engines (docs/perf/copy-engines.md §3.2). A copy collective:
+/// the entry kernel (one block, `CeEntry`) signals every peer's entry flag and waits, bounded,
+/// for the entry of every peer it copies to; the engine program then copies every transfer of
+/// this rank in one batch and notifies each peer's done flag; the exit kernel (one block,
+/// `CeExit`) waits for every peer's done. An AllReduce: see [`ce_all_reduce`]. The flags and
+/// values are the SM one-copy plan's (`entry`, `done`, `E + 1`, advance 1), so calls of either
+/// datapath follow each other on the same words.
 pub(super) fn derive_ce(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
     use crate::plan::{EngineProgram, EngineStep, Phase};
     let world = spec.world;
@@ -243,8 +246,11 @@ pub(super) fn derive_ce(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> R
     if empty_non_v(spec) {
         return Ok(plan);
     }
-    if cfg.max_coresident_blocks < 2 {
-        return Err(DeriveError::TooManyBlocks { need: 2, bound: cfg.max_coresident_blocks });
+    let all_reduce = spec.collective == Collective::AllReduce;
+    // The entry kernel's blocks and the exit kernel's one.
+    let need = if all_reduce { cfg.blocks_per_role + 1 } else { 2 };
+    if cfg.max_coresident_blocks < need {
+        return Err(DeriveError::TooManyBlocks { need: need as u64, bound: cfg.max_coresident_blocks });
     }
     let segment = super::flag_segment(cfg, world);
     if segment < super::ONE_COPY_FLAGS {
@@ -257,40 +263,95 @@ pub(super) fn derive_ce(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> R
     let done = |from: u32| Index::fixed((from + 1) * segment - 1);
     let once = EpochVal::at(1);
     let peers = || (0..world).filter(move |&q| q != rank);
-    let mut head: Vec<Step> = peers()
+    let signals: Vec<Step> = peers()
         .map(|q| Step::Signal {
             notify: Notify { kind: NotifyKind::Ready, peer: q, flag: entry(rank), value: once },
             guard: Guard::ALWAYS,
         })
         .collect();
-    let sends = transfers(spec, cfg, rank);
-    // A peer's output is this call's once the peer has entered it: wait for each peer that
-    // this rank's copies write to (the done flags order everything else).
-    let mut to: Vec<u32> = sends.iter().filter(|t| t.to != rank).map(|t| t.to).collect();
-    to.dedup();
-    head.extend(to.into_iter().map(|q| Step::Wait { flag: entry(q), value: once, guard: Guard::ALWAYS }));
-    let tail: Vec<Step> = peers().map(|q| Step::Wait { flag: done(q), value: once, guard: Guard::ALWAYS }).collect();
-    let mut steps: Vec<EngineStep> = sends
-        .into_iter()
-        .map(|t| EngineStep::Copy {
-            dst: if t.to == rank {
-                Region::output(Offset::fixed(t.dst))
-            } else {
-                Region::peer_output(t.to, Offset::fixed(t.dst))
-            },
-            src: Region::input(Offset::fixed(t.src)),
-            len: Len::fixed(t.len),
-            guard: Guard::ALWAYS,
+    let (heads, mut steps) = if all_reduce {
+        ce_all_reduce(spec, cfg, rank, signals, &|q| Step::Wait {
+            flag: entry(q),
+            value: once,
+            guard: Guard::new(0, 1),
         })
-        .collect();
+    } else {
+        let mut head = signals;
+        let sends = transfers(spec, cfg, rank);
+        // A peer's output is this call's once the peer has entered it: wait for each peer that
+        // this rank's copies write to (the done flags order everything else).
+        let mut to: Vec<u32> = sends.iter().filter(|t| t.to != rank).map(|t| t.to).collect();
+        to.dedup();
+        head.extend(to.into_iter().map(|q| Step::Wait { flag: entry(q), value: once, guard: Guard::ALWAYS }));
+        let copies = sends
+            .into_iter()
+            .map(|t| EngineStep::Copy {
+                dst: if t.to == rank {
+                    Region::output(Offset::fixed(t.dst))
+                } else {
+                    Region::peer_output(t.to, Offset::fixed(t.dst))
+                },
+                src: Region::input(Offset::fixed(t.src)),
+                len: Len::fixed(t.len),
+                guard: Guard::ALWAYS,
+            })
+            .collect();
+        (vec![head], copies)
+    };
+    let tail: Vec<Step> = peers().map(|q| Step::Wait { flag: done(q), value: once, guard: Guard::ALWAYS }).collect();
     steps.extend(
         peers().map(|q| EngineStep::Notify(Notify { kind: NotifyKind::Ready, peer: q, flag: done(rank), value: once })),
     );
-    plan.blocks.push(BlockProgram { role: Role::CeEntry, steps: head });
+    plan.blocks.extend(heads.into_iter().map(|steps| BlockProgram { role: Role::CeEntry, steps }));
     plan.blocks.push(BlockProgram { role: Role::CeExit, steps: tail });
     plan.engine = Some(EngineProgram { after: Phase::Sequential, steps });
     plan.resources.flag_words = world * segment;
     plan.resources.ce_value_words = world - 1;
     plan.advance = Advance::Fixed(1);
     Ok(plan)
+}
+
+/// The composed AllReduce with its gather half on the copy engines: the entry kernel is the
+/// SM one-copy AllReduce's reduce half, `B = blocks_per_role` blocks (block 0 signals every
+/// peer's entry first, `signals`), each waiting for every peer's entry before it reads that
+/// peer's input and reducing its slice of this rank's shard into this rank's output
+/// ([`reduce_body`] without the push). The engine program then copies the reduced shard from
+/// this rank's output into every peer's output, one batch, from `rank + 1` on. It runs after
+/// the whole entry kernel (sequential), so it never reads a byte of the shard before the
+/// reduce wrote it, and a peer's done (after its copies) also comes after its reads of this
+/// rank's input. Returns the entry kernel's block programs and the engine's copies.
+fn ce_all_reduce(
+    spec: &CollectiveSpec,
+    cfg: &PlanConfig,
+    rank: u32,
+    signals: Vec<Step>,
+    wait_entry: &dyn Fn(u32) -> Step,
+) -> (Vec<Vec<Step>>, Vec<crate::plan::EngineStep>) {
+    let blocks = cfg.blocks_per_role.max(1);
+    let cut = Cut { c: cfg.chunk_bytes, slice: cfg.chunk_bytes / blocks as u64 };
+    let mut signals = Some(signals);
+    let heads = (0..blocks)
+        .map(|b| {
+            let mut steps = if b == 0 { signals.take().unwrap_or_default() } else { vec![] };
+            let (trips, body) = reduce_body(spec, rank, b, cut, wait_entry, false);
+            if trips > 0 {
+                steps.push(Step::ChunkLoop { trips, body });
+            }
+            steps
+        })
+        .collect();
+    let (off, len) = spec.shard(rank);
+    let copies = if len == 0 {
+        vec![]
+    } else {
+        (1..spec.world)
+            .map(|step| crate::plan::EngineStep::Copy {
+                dst: Region::peer_output((rank + step) % spec.world, Offset::fixed(off)),
+                src: Region::output(Offset::fixed(off)),
+                len: Len::fixed(len),
+                guard: Guard::ALWAYS,
+            })
+            .collect()
+    };
+    (heads, copies)
 }

@@ -135,8 +135,9 @@ impl Plan {
                     if !fixed(dst) || !fixed(src) || len.chunk_stride != 0 {
                         return Err(format!("engine step {i}: engine copies have fixed offsets and lengths"));
                     }
-                    if src.space != Space::Input {
-                        return Err(format!("engine step {i}: an engine copy reads this rank's input"));
+                    // The input (a gather's parts), or the own output (an AllReduce's reduced shard).
+                    if !matches!(src.space, Space::Input | Space::Output) {
+                        return Err(format!("engine step {i}: an engine copy reads this rank's input or output"));
                     }
                     let to = match dst.space {
                         Space::Output => self.rank,
@@ -171,19 +172,36 @@ impl Plan {
                 }
             }
         }
+        // The own output under either name.
+        let own = |sp: Space| if sp == Space::PeerOutput(self.rank) { Space::Output } else { sp };
         for (copies, _) in eng.segments() {
-            let mut spans: Vec<(Space, u64, u64)> = copies
-                .iter()
-                .filter_map(|s| match s {
-                    EngineStep::Copy { dst, len, guard, .. } if guard.admits(0) && len.at(0) > 0 => {
-                        Some((dst.space, dst.offset.base, dst.offset.base + len.at(0)))
+            let live = || {
+                copies.iter().filter_map(|s| match s {
+                    EngineStep::Copy { dst, src, len, guard } if guard.admits(0) && len.at(0) > 0 => {
+                        Some((dst, src, len.at(0)))
                     }
                     _ => None,
                 })
-                .collect();
+            };
+            let mut spans: Vec<(Space, u64, u64)> =
+                live().map(|(d, _, n)| (own(d.space), d.offset.base, d.offset.base + n)).collect();
             spans.sort();
             if spans.windows(2).any(|w| w[0].0 == w[1].0 && w[1].1 < w[0].2) {
                 return Err("copies of one engine batch write overlapping bytes".into());
+            }
+            // A batch's copies run in no order, so none reads what another writes. The own
+            // output is the one space a copy may both read and write (the input too, in place).
+            let in_output = |src: &Region| match (src.space, self.resources.alias) {
+                (Space::Output, _) => Some(src.offset.base),
+                (Space::Input, Some(super::Alias::InputInOutput(o))) => Some(o + src.offset.base),
+                _ => None,
+            };
+            let reads_written = live().any(|(_, src, n)| {
+                in_output(src)
+                    .is_some_and(|at| spans.iter().any(|&(sp, a, z)| sp == Space::Output && a < at + n && at < z))
+            });
+            if reads_written {
+                return Err("a copy of one engine batch reads bytes another copy of it writes".into());
             }
         }
         if self.resources.ce_value_words < notifies {
@@ -203,7 +221,9 @@ const STREAM_WORDS: u32 = u32::MAX - (1 << 20);
 /// The plan with its engine program expressed in block steps, for the verifier and the
 /// reference checker: the program becomes one more block, of role [`Role::CopyEngine`], after
 /// every other block; its copies are gathers (data accesses) and its notifies signals
-/// (releases that cover every earlier copy). Stream order becomes signals and waits on this
+/// (releases that cover every earlier copy). The copies of one batch are ordered in the block;
+/// [`Plan::check`] makes them write disjoint bytes and read none that another writes, so the
+/// order hides no race. Stream order becomes signals and waits on this
 /// rank's own words above `STREAM_WORDS`, valued `E + 1`: each block of the entry kernel
 /// signals at its end, and the main kernel's blocks wait for them; the engine block waits for
 /// the entry kernel (and, sequential, the main kernel) first and signals at its end; the exit

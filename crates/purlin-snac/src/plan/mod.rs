@@ -241,7 +241,7 @@ pub enum Role {
     /// Anything a hand-written plan wants.
     Custom(u32),
     /// A plan with an engine program: the entry kernel (signals and bounded waits before the
-    /// copy engines start; [`engine`]).
+    /// copy engines start, and an AllReduce's reduce of its shard; [`engine`]).
     CeEntry,
     /// A plan with an engine program: the exit kernel (bounded waits after the copy engines).
     CeExit,

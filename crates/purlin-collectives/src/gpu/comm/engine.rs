@@ -43,9 +43,11 @@ type Parts = (Plan, Plan, Vec<(Region, Region, u64)>, Vec<(usize, u64)>);
 /// Splits `plan` (with an engine program) into its entry and exit kernels and the engine's
 /// work, or says why the device cannot run it yet (a main kernel, a forked program, notify
 /// values other than `E + advance`, several batches). Every plan `derive_ce` makes (the
-/// AllGather, the AllToAll, their V forms, Broadcast; all with a fixed advance of 1, which
-/// `Plan::check` demands of every engine plan) splits, so no call the device plans for the
-/// copy engines meets these refusals (`every_derived_copy_engine_plan_splits`).
+/// AllGather, the AllToAll, their V forms, Broadcast, and the AllReduce, whose entry kernel
+/// holds the SM blocks that reduce the shard the copies then read from the output; all with a
+/// fixed advance of 1, which `Plan::check` demands of every engine plan) splits, so no call
+/// the device plans for the copy engines meets these refusals
+/// (`every_derived_copy_engine_plan_splits`).
 pub(crate) fn split(plan: &Plan) -> Result<Parts, Error> {
     let Some(eng) = &plan.engine else { return Err(unsupported("no engine program")) };
     let Advance::Fixed(a) = plan.advance else { return Err(unsupported("an agreed advance")) };
@@ -165,7 +167,13 @@ mod tests {
     use crate::cpu::executor::{CallBuffers, HostMemoryConfig, HostWorld};
 
     fn cfg() -> PlanConfig {
-        PlanConfig { peer_outputs: true, copy_engine: true, staging_bytes: 1 << 16, ..PlanConfig::default() }
+        PlanConfig {
+            peer_outputs: true,
+            peer_inputs: true,
+            copy_engine: true,
+            staging_bytes: 1 << 16,
+            ..PlanConfig::default()
+        }
     }
 
     #[test]
@@ -198,10 +206,23 @@ mod tests {
             n.value.add = 0;
         }
         assert!(matches!(split(&other_value), Err(Error::Unsupported(_))));
+        // An AllReduce: the entry kernel is the reducing blocks, the copies read the output.
+        let cfg = PlanConfig { blocks_per_role: 2, ..cfg() };
+        let ar = derive(&CollectiveSpec::all_reduce(3, DataType::F32, purlin_snac::ReduceOp::Sum, 100), &cfg)
+            .expect("derive");
+        let (entry, exit, copies, notifies) = split(&ar[1]).expect("split");
+        assert_eq!((entry.grid(), exit.grid()), (2, 1));
+        let reduces = format!("{:?}", entry.blocks).matches("Reduce {").count();
+        assert_eq!(reduces, 2, "every entry block reduces its slice");
+        assert_eq!(copies.len(), 2, "the shard to each peer");
+        assert!(copies.iter().all(|(d, s, _)| s.space == Space::Output && matches!(d.space, Space::PeerOutput(_))));
+        assert_eq!(notifies.iter().map(|n| n.0).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(waits(&exit), vec![0, 0]);
     }
 
     /// Every plan `derive_ce` makes splits: AllGather, AllToAll, their V forms with empty
-    /// partitions and pairs (all of them empty too), Broadcast from every root, in place where
+    /// partitions and pairs (all of them empty too), Broadcast from every root, the AllReduce
+    /// (with empty shards too), in place where
     /// the collective has that form, worlds 2 to 8. So no eligible call the device plans for
     /// the copy engines meets `split`'s refusals.
     #[test]
@@ -222,6 +243,9 @@ mod tests {
                 ),
                 CollectiveSpec::all_to_all_v(world, DataType::F32, vec![vec![0; world as usize]; world as usize]),
             ];
+            // The AllReduce's gather half; 2 elements leave some ranks' shards empty.
+            specs.push(CollectiveSpec::all_reduce(world, DataType::F32, purlin_snac::ReduceOp::Sum, 33));
+            specs.push(CollectiveSpec::all_reduce(world, DataType::Bf16, purlin_snac::ReduceOp::Max, 2));
             for root in 0..w {
                 specs.push(CollectiveSpec::all_gather_v(
                     world,
@@ -244,7 +268,7 @@ mod tests {
                 }
             }
         }
-        assert!(split_plans > 300, "{split_plans} plans split");
+        assert!(split_plans > 400, "{split_plans} plans split");
     }
 
     /// One call of the sequence below: the spec, purlin-testkit's statement of it (inputs and
@@ -292,7 +316,8 @@ mod tests {
 
     /// The device's sequence run on the host executor for every copy-engine collective (the
     /// AllGather, the AllToAll, their V forms with empty partitions and pairs, Broadcast from
-    /// root 0 and root 1), three copy-engine calls back to back and SM calls between them on
+    /// root 0 and root 1, the AllReduce: Sum on f32, Max on bf16, sizes the world does not
+    /// divide), three copy-engine calls back to back and SM calls between them on
     /// the same flag and epoch words, twice over: every output exact against purlin-testkit,
     /// every epoch word where the whole plan leaves it.
     #[test]
@@ -340,8 +365,18 @@ mod tests {
                 case(kit::Collective::AllReduce, f32k, Some(kit::Op::Sum), kit::Counts::Uniform(96)),
                 false,
             ),
+            seq_call(
+                CollectiveSpec::all_reduce(w, DataType::F32, purlin_snac::ReduceOp::Sum, 97),
+                case(kit::Collective::AllReduce, f32k, Some(kit::Op::Sum), kit::Counts::Uniform(97)),
+                true,
+            ),
             bcast(0, 77),
             bcast(1, 64),
+            seq_call(
+                CollectiveSpec::all_reduce(w, DataType::Bf16, purlin_snac::ReduceOp::Max, 50),
+                case(kit::Collective::AllReduce, kit::Dtype::Bf16, Some(kit::Op::Max), kit::Counts::Uniform(50)),
+                true,
+            ),
             seq_call(
                 CollectiveSpec::all_to_all(w, DataType::F32, 21),
                 case(kit::Collective::AllToAll, f32k, None, kit::Counts::Uniform(21)),
@@ -372,20 +407,26 @@ mod tests {
                     call.ce
                 );
                 let kit = call.kit.clone().seeded(round * 100 + k as u64);
-                let inputs = kit.inputs();
+                let mut inputs = kit.inputs();
                 let mut outputs: Vec<Vec<u8>> =
                     (0..world).map(|r| vec![0xA5; call.spec.output_bytes(r as u32) as usize]).collect();
                 let mut peers = [(std::ptr::null_mut(), 0); purlin_snac::MAX_WORLD];
                 for (slot, o) in peers.iter_mut().zip(outputs.iter_mut()) {
                     *slot = (o.as_mut_ptr(), o.len());
                 }
+                // The one-copy AllReduces read every rank's input (the others ignore these).
+                let mut peer_inputs = [(std::ptr::null_mut(), 0); purlin_snac::MAX_WORLD];
+                for (slot, x) in peer_inputs.iter_mut().zip(inputs.iter_mut()) {
+                    *slot = (x.as_mut_ptr(), x.len());
+                }
                 let before: Vec<u64> = (0..world).map(|r| host.epoch(r, 0)).collect();
                 std::thread::scope(|s| {
                     for (r, plan) in plans.iter().enumerate() {
-                        let (host, input) = (&host, &inputs[r]);
-                        assert_eq!(input.len() as u64, call.spec.input_bytes(r as u32), "{what}: rank {r}'s input");
-                        let mut b = CallBuffers::new(input.as_ptr(), input.len(), peers[r].0, peers[r].1);
+                        let (host, (input, input_len)) = (&host, peer_inputs[r]);
+                        assert_eq!(input_len as u64, call.spec.input_bytes(r as u32), "{what}: rank {r}'s input");
+                        let mut b = CallBuffers::new(input.cast_const(), input_len, peers[r].0, peers[r].1);
                         b.peer_outputs = peers;
+                        b.peer_inputs = peer_inputs;
                         s.spawn(move || {
                             if plan.engine.is_some() {
                                 run_split(host, plan, r, b);
@@ -406,6 +447,6 @@ mod tests {
                 ce_calls += usize::from(call.ce);
             }
         }
-        assert_eq!(ce_calls, 14);
+        assert_eq!(ce_calls, 18);
     }
 }
