@@ -270,4 +270,32 @@ fn main() {
         p,
         1,
     );
+
+    // Class 2, the agreed advance of V plans: AllToAllV w2 whose rank 0 sends rank 1 20
+    // chunks, both ranks announcing a local maximum of 5 instead of 20 (odd, so the agreed
+    // advance is 5). The next call's waits for `E' + c + 1 = E + c + 6` are then met by this
+    // call's signals of chunks `c + 5`. The twin explores 5 chunks of that loop, whose epoch
+    // offsets the understated advance covers; the whole loop's reach `E + 20`.
+    let v = CollectiveSpec::all_to_all_v(2, DataType::U8, vec![vec![8, 640], vec![8, 8]]);
+    let good = derive(&v, &tp(StagingSide::Own)).unwrap();
+    write(
+        "accept",
+        "agreed-advance-covers-every-chunk",
+        "AllToAllV w2, rank 0 sends rank 1 20 chunks: the derived plans (agreed advance 21)",
+        None,
+        good.clone(),
+        2,
+    );
+    let mut p = good;
+    for plan in &mut p {
+        plan.advance = Advance::AgreedMaxChunks { local: 5 };
+    }
+    write(
+        "reject",
+        "agreed-advance-below-the-whole-loop",
+        "AllToAllV w2: both ranks announce 5 chunks of the 20 rank 0 sends (agreed advance 5, offsets to E+20)",
+        Some("epoch-advance"),
+        p,
+        2,
+    );
 }
