@@ -298,4 +298,45 @@ fn main() {
         p,
         2,
     );
+
+    // Class 1, bytes of the chunks the cut does not explore: AllToAllV w2 whose rank 0 copies
+    // its own 180-byte partition in 6 chunks, the last one 8 bytes too long (its length's
+    // total 188): it overwrites the first bytes of rank 1's partition in rank 0's output after
+    // rank 1's data landed there. The twin's last chunk of that copy runs at chunk 4's bytes,
+    // inside the partition, and the overwritten bytes were never compared.
+    let v = CollectiveSpec::all_to_all_v(2, DataType::U8, vec![vec![180, 8], vec![8, 8]]);
+    let good = derive(&v, &tp(StagingSide::Own)).unwrap();
+    write(
+        "accept",
+        "partition-tail-ends-at-its-partition",
+        "AllToAllV w2, rank 0's own partition of 180 bytes in 6 chunks: the derived plans",
+        None,
+        good.clone(),
+        1,
+    );
+    let mut p = good;
+    let mut edited = 0;
+    for b in &mut p[0].blocks {
+        for s in b.steps.iter_mut() {
+            if let Step::ChunkLoop { body, .. } = s {
+                for t in body {
+                    if let Step::Gather { src, len, .. } = t {
+                        if src.space == Space::Input && len.total == 180 {
+                            len.total += 8;
+                            edited += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(edited, 1, "the own-partition copy");
+    write(
+        "reject",
+        "partition-tail-overruns-the-next",
+        "AllToAllV w2: rank 0's own-partition copy 8 bytes too long in its last chunk",
+        Some("semantics"),
+        p,
+        1,
+    );
 }

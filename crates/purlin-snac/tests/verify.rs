@@ -469,6 +469,43 @@ proptest! {
     }
 }
 
+/// The chunk cutoff falls back to the whole plan where a tail it would not explore touches
+/// bytes irregularly (`twin::regular`); no derived plan is such a plan, whatever its blocks,
+/// slots, form or one-copy buffers, so derived plans keep the cut.
+#[test]
+fn derived_plans_keep_the_chunk_cutoff() {
+    let mut rng = purlin_snac::fuzz::Rng::new(3);
+    let (mut sets, mut cut) = (0, 0);
+    for _ in 0..1500 {
+        let world = 2 + rng.below(3) as u32;
+        let c = Collective::ALL[rng.below(Collective::ALL.len() as u64) as usize];
+        let counts: Vec<u64> = (0..9).map(|_| rng.below(300)).collect();
+        let spec = spec_of(c, world, DataType::U8, 1 + rng.below(400), counts);
+        let blocks = 1 + rng.below(3) as u32;
+        let one_copy = rng.below(4) == 0;
+        let regime = if rng.below(2) == 0 { Regime::Latency } else { Regime::Throughput };
+        let side = if rng.below(2) == 0 { StagingSide::Own } else { StagingSide::Peer };
+        let cfg = PlanConfig {
+            allreduce: [AllReduceAlgo::Auto, AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot][rng.below(3) as usize],
+            chunk_bytes: 8 * blocks as u64 * (1 + rng.below(4)),
+            slots: 1 + rng.below(3) as u32,
+            staging_bytes: 8192,
+            window_bytes: 8192,
+            in_place: rng.below(2) == 0,
+            peer_outputs: one_copy,
+            peer_inputs: one_copy,
+            ..small(regime, side, blocks)
+        };
+        let Ok(p) = derive(&spec, &cfg) else { continue };
+        sets += 1;
+        let tw = verify::twin::twin(&[p.clone(), p], &[0, 1]);
+        assert!(tw.irregular.is_empty(), "{spec:?} {cfg:?}: explored whole");
+        cut += usize::from(tw.cutoff.is_some());
+    }
+    println!("{sets} derived plan sets, {cut} cut");
+    assert!(sets > 500 && cut > 100, "{sets} sets, {cut} cut");
+}
+
 /// The larger exhaustive set, beyond the CI budget: world 4 with 2 blocks per role, world 5
 /// and 6 with 1, world 3 with 3. `cargo xtask verify --full`.
 #[test]
