@@ -270,4 +270,73 @@ fn main() {
         p,
         1,
     );
+
+    // Class 2, the agreed advance of V plans: AllToAllV w2 whose rank 0 sends rank 1 20
+    // chunks, both ranks announcing a local maximum of 5 instead of 20 (odd, so the agreed
+    // advance is 5). The next call's waits for `E' + c + 1 = E + c + 6` are then met by this
+    // call's signals of chunks `c + 5`. The twin explores 5 chunks of that loop, whose epoch
+    // offsets the understated advance covers; the whole loop's reach `E + 20`.
+    let v = CollectiveSpec::all_to_all_v(2, DataType::U8, vec![vec![8, 640], vec![8, 8]]);
+    let good = derive(&v, &tp(StagingSide::Own)).unwrap();
+    write(
+        "accept",
+        "agreed-advance-covers-every-chunk",
+        "AllToAllV w2, rank 0 sends rank 1 20 chunks: the derived plans (agreed advance 21)",
+        None,
+        good.clone(),
+        2,
+    );
+    let mut p = good;
+    for plan in &mut p {
+        plan.advance = Advance::AgreedMaxChunks { local: 5 };
+    }
+    write(
+        "reject",
+        "agreed-advance-below-the-whole-loop",
+        "AllToAllV w2: both ranks announce 5 chunks of the 20 rank 0 sends (agreed advance 5, offsets to E+20)",
+        Some("epoch-advance"),
+        p,
+        2,
+    );
+
+    // Class 1, bytes of the chunks the cut does not explore: AllToAllV w2 whose rank 0 copies
+    // its own 180-byte partition in 6 chunks, the last one 8 bytes too long (its length's
+    // total 188): it overwrites the first bytes of rank 1's partition in rank 0's output after
+    // rank 1's data landed there. The twin's last chunk of that copy runs at chunk 4's bytes,
+    // inside the partition, and the overwritten bytes were never compared.
+    let v = CollectiveSpec::all_to_all_v(2, DataType::U8, vec![vec![180, 8], vec![8, 8]]);
+    let good = derive(&v, &tp(StagingSide::Own)).unwrap();
+    write(
+        "accept",
+        "partition-tail-ends-at-its-partition",
+        "AllToAllV w2, rank 0's own partition of 180 bytes in 6 chunks: the derived plans",
+        None,
+        good.clone(),
+        1,
+    );
+    let mut p = good;
+    let mut edited = 0;
+    for b in &mut p[0].blocks {
+        for s in b.steps.iter_mut() {
+            if let Step::ChunkLoop { body, .. } = s {
+                for t in body {
+                    if let Step::Gather { src, len, .. } = t {
+                        if src.space == Space::Input && len.total == 180 {
+                            len.total += 8;
+                            edited += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(edited, 1, "the own-partition copy");
+    write(
+        "reject",
+        "partition-tail-overruns-the-next",
+        "AllToAllV w2: rank 0's own-partition copy 8 bytes too long in its last chunk",
+        Some("semantics"),
+        p,
+        1,
+    );
 }

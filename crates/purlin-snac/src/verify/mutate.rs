@@ -51,18 +51,6 @@ impl Mutation {
         Mutation::ResourceShort,
     ];
 
-    /// The operators whose survivors are argued equivalent (the crate README's mutation
-    /// testing section); the later ones (issue 49) have survivors still to argue, listed in
-    /// docs/verifier.md.
-    pub const ARGUED: [Mutation; 6] = [
-        Mutation::DropWait,
-        Mutation::DropDrain,
-        Mutation::DropArrive,
-        Mutation::DropHandshake,
-        Mutation::EpochOffByOne,
-        Mutation::RegionOffByOne,
-    ];
-
     /// Kebab-case name (`drop-wait`, ...).
     pub fn name(self) -> &'static str {
         match self {

@@ -11,7 +11,9 @@
 //!   counters, epochs, handshake cells) is **zero** at set-up: a never-written flag holds 0,
 //!   a never-written packet has flag 0 and payload 0, so a wait for 0 passes at once, reading
 //!   nothing. The user's buffers hold junk until the host writes a call's input at its
-//!   launch, and are the user's again when the rank's kernel ends.
+//!   launch, and are the user's again when the rank's kernel ends: the host then writes junk
+//!   over all of the call's input and output (the user may reuse any byte of them, whatever
+//!   the next call uses).
 //! - **Happens-before** by vector clocks, one entry per block of every call and one per
 //!   rank's host: a flag store releases; a satisfied `Wait` acquires from *one* store whose
 //!   value satisfies it, and every such store (the zero store included) is a separate branch;
@@ -502,20 +504,16 @@ impl<'a> Model<'a> {
         let k = st.cur[r];
         let h = self.host(r);
         tick(&mut st.clock[h], h);
-        let Some(plans) = self.calls.get(k) else {
-            // The user's buffers are the user's again: no block may touch them later.
+        if k > 0 {
+            // The previous call's buffers are the user's again: the user may write any byte of
+            // them now, whatever the next call uses, so no block may touch them later (a
+            // peer's read of this rank's input after its kernel ended races with that write).
             let last = &self.plan(k - 1, r).resources;
             self.write(st, h, k - 1, (r as u32, INPUT, 0), vec![Val::Junk; last.input_bytes as usize], None, None)?;
-            return self.write(
-                st,
-                h,
-                k - 1,
-                (r as u32, OUTPUT, 0),
-                vec![Val::Junk; last.output_bytes as usize],
-                None,
-                None,
-            );
-        };
+            let out = vec![Val::Junk; last.output_bytes as usize];
+            self.write(st, h, k - 1, (r as u32, OUTPUT, 0), out, None, None)?;
+        }
+        let Some(plans) = self.calls.get(k) else { return Ok(()) };
         let p = &plans[r];
         let res = &p.resources;
         let input: Vec<Val> =

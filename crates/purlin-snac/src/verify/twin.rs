@@ -45,16 +45,37 @@
 //! distinguishes (waits compare with `>=` within a lap, the advance is checked on the original
 //! plans).
 //!
-//! Plans the argument does not cover are explored whole: a guard starting later than `L` in a
-//! loop that would be cut (a step that singles out a middle chunk), or loops too long to
-//! account for byte by byte.
+//! The argument speaks of slots, flags and epochs, which cycle with the lap. Bytes that do not
+//! cycle (the user's buffers, and staging or window offsets without a modulus) are another
+//! matter: twin chunk `c` keeps the original's offsets of chunk `c`, so a step's moved tail
+//! runs at the bytes of an earlier chunk, and its original tail's bytes are never touched in
+//! the twin. That is sound only where those bytes hold nothing the explored chunks do not
+//! show: `regular` checks, over every chunk of the original, that each instance the twin
+//! does not explore as it is (a cut step's chunks from its twin's last, possibly partial, one
+//! on) touches non-cycling bytes that another instance also touches (one of the two writing)
+//! only in a pattern every chunk repeats (the same chunk of two loop steps of one stride, or
+//! an instance with itself), and that a step's output writes from its last explored chunk on
+//! stay in one segment of the spec, where the data a chunk writes is the explored chunks'
+//! pattern continued. (Issue 49, class 1's remainder:
+//! `tests/plans/reject/partition-tail-overruns-the-next.json`, a partition copy whose last
+//! chunk was one element too long, overwrote the next partition's first bytes; the twin saw
+//! that chunk's copy inside the partition, correct, and the overwritten bytes kept the next
+//! partition's data.) A call that fails the check is explored whole ([`Twin::irregular`]);
+//! no derived plan does (`derived_plans_keep_the_chunk_cutoff`).
 //!
-//! What is checked differently: static checks (structure, co-residency, epoch advance) run on
-//! the original plans; the output semantics skip exactly the bytes the original writes in the
-//! chunks the twin drops ([`Twin::skip`]), and check every other byte of the spec, so an
-//! output byte no step ever writes is still reported.
+//! Plans the argument does not cover are explored whole: a guard starting later than `L` in a
+//! loop that would be cut (a step that singles out a middle chunk), loops too long to account
+//! for byte by byte, and the irregular byte patterns above.
+//!
+//! What is checked differently: static checks (structure, co-residency, epoch advance, region
+//! bounds at every chunk) run on the original plans; the output semantics skip exactly the
+//! bytes the original writes in the chunks the twin drops ([`Twin::skip`]), and check every
+//! other byte of the spec, so an output byte no step ever writes is still reported. The
+//! skipped bytes are vouched for by `regular`: each is written by a step whose explored
+//! chunks wrote its segment correctly, in the same pattern, and by no instance the twin does
+//! not pair alike.
 
-use crate::plan::{Index, Len, Offset, Plan, Region, Space, Step};
+use crate::plan::{Alias, Index, Len, Offset, Plan, Region, Space, Step};
 
 /// Plans with a loop of more chunks than this are explored whole (the skipped-byte account
 /// walks every chunk).
@@ -70,6 +91,9 @@ pub struct Twin {
     /// The cutoff `T` (the most chunks kept of a stretch between two ends), if some loop was
     /// cut.
     pub cutoff: Option<u64>,
+    /// The calls explored whole although a loop was long enough to cut, because a tail the
+    /// twin would not explore touches bytes in a way no explored chunk repeats.
+    pub irregular: Vec<usize>,
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -299,10 +323,187 @@ pub fn minus(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
+/// The accesses of one loop step (or one step outside loops) to one region that does not
+/// cycle with the chunk (user buffers, and staging or window offsets without a modulus), in
+/// its owner's buffer (the output where an input is placed in it, the input where the output
+/// is): at chunk `c`, bytes `[base + c * stride, + len.at(c))`.
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    owner: u32,
+    buf: u8,
+    base: u64,
+    stride: u64,
+    len: Len,
+    write: bool,
+    /// Whether the step is in a loop.
+    looped: bool,
+    /// The chunks it accesses, and those of them the twin does not explore as they are (a cut
+    /// step's chunks from its twin's last, possibly partial, one on).
+    all: (u64, u64),
+    unexplored: (u64, u64),
+}
+
+impl Group {
+    fn at(&self, c: u64) -> (u64, u64) {
+        let a = self.base + c * self.stride;
+        (a, a + self.len.at(c))
+    }
+
+    /// The least range holding every access of chunks `[c0, c1)`. Offsets grow with the
+    /// chunk; a length is its maximum up to some chunk and then shrinks linearly, so the
+    /// furthest end is at the last full chunk, the first partial one or a range end.
+    fn hull(&self, (c0, c1): (u64, u64)) -> Option<(u64, u64)> {
+        if c0 >= c1 {
+            return None;
+        }
+        let l = &self.len;
+        let last_full = match l.chunk_stride {
+            0 => c1 - 1,
+            ls => l.total.saturating_sub(l.base.saturating_add(l.max)) / ls,
+        };
+        let end = [c0, c1 - 1, last_full.clamp(c0, c1 - 1), last_full.saturating_add(1).clamp(c0, c1 - 1)]
+            .into_iter()
+            .map(|c| self.at(c).1)
+            .max()?;
+        Some((self.at(c0).0, end))
+    }
+}
+
+/// `(owner, buffer, shift)`: where `space` of rank `me` of `plans` lies, `None` for a region
+/// the lap covers (a cyclic offset).
+fn locate(plans: &[Plan], me: u32, r: &Region) -> Option<(u32, u8, u64)> {
+    if r.offset.chunk_modulus != 0 {
+        return None;
+    }
+    let alias = |q: u32| plans.get(q as usize).and_then(|p| p.resources.alias);
+    let user = |q: u32, input: bool| match (alias(q), input) {
+        (Some(Alias::InputInOutput(o)), true) => (q, 1, o),
+        (Some(Alias::OutputInInput(o)), false) => (q, 0, o),
+        (_, true) => (q, 0, 0),
+        (_, false) => (q, 1, 0),
+    };
+    Some(match r.space {
+        Space::Input => user(me, true),
+        Space::Output => user(me, false),
+        Space::PeerInput(q) => user(q, true),
+        Space::PeerOutput(q) => user(q, false),
+        Space::Staging(q) => (q, 2, 0),
+        Space::Window(q) => (q, 3, 0),
+    })
+}
+
+/// The regions a data step writes and reads.
+fn accesses_of(s: &Step) -> Vec<(&Region, bool)> {
+    match s {
+        Step::Stage { dst, src, .. } | Step::Gather { dst, src, .. } | Step::PutPackets { dst, src, .. } => {
+            vec![(dst, true), (src, false)]
+        }
+        Step::Reduce { dst, srcs, .. } => std::iter::once((dst, true)).chain(srcs.iter().map(|x| (x, false))).collect(),
+        _ => vec![],
+    }
+}
+
+/// Whether the cut keeps every interaction of bytes that do not cycle with the chunk, so that
+/// the output bytes it skips ([`Twin::skip`]) hold what the explored chunks show. The twin's
+/// chunk `c` keeps the original's offsets, so a step's tail runs at other bytes than the
+/// original's: where a tail chunk the twin does not explore touches bytes another instance
+/// touches (one of them writing) in a way no explored pair repeats, or leaves the spec
+/// segment the step was writing, the twin would judge bytes the original never has (issue 49,
+/// class 1: a partition's last chunk one element too long overwrote the next partition, and
+/// the twin saw a correct copy). Repeated pairs: the same chunk of two loop steps of one
+/// chunk stride (a reduce into the output and the stage that reads it back; an instance with
+/// itself, a reduce in place). Anything else falls back to exploring the call whole. The
+/// check works on each step's chunk range at once (its accesses are affine in the chunk), so
+/// its cost does not grow with the chunk count.
+fn regular(plans: &[Plan], cut: &[Plan], sense: u64) -> bool {
+    let segments: Vec<Vec<crate::spec::Segment>> = plans.iter().map(|p| p.spec.segments(p.rank)).collect();
+    let mut groups: Vec<Group> = vec![];
+    for (p, q) in plans.iter().zip(cut) {
+        for (block, tblock) in p.blocks.iter().zip(&q.blocks) {
+            for (s, ts) in block.steps.iter().zip(&tblock.steps) {
+                let (looped, trips, twin_trips, body, tbody): (bool, u64, u64, &[Step], &[Step]) = match (s, ts) {
+                    (Step::ChunkLoop { trips, body }, Step::ChunkLoop { trips: tt, body: tb }) => {
+                        (true, *trips, *tt, body, tb)
+                    }
+                    _ => (false, 1, 1, std::slice::from_ref(s), std::slice::from_ref(ts)),
+                };
+                for (st, tst) in body.iter().zip(tbody) {
+                    let Some(len) = len_of(st) else { continue };
+                    let from = st.guard().from;
+                    let (e, te) = (extent(st, trips), extent(tst, twin_trips));
+                    if from >= e || (len.chunk_stride == 0 && len.at(from) == 0) {
+                        continue;
+                    }
+                    let first_unexplored = if te < e { te.saturating_sub(1).max(from) } else { e };
+                    for (r, write) in accesses_of(st) {
+                        let g = |owner, buf, shift: u64| Group {
+                            owner,
+                            buf,
+                            base: shift + r.offset.at(0, sense),
+                            stride: r.offset.chunk_stride,
+                            len,
+                            write,
+                            looped,
+                            all: (from, e),
+                            unexplored: (first_unexplored, e),
+                        };
+                        // Output writes from the last explored chunk on stay in one segment.
+                        let owner = match r.space {
+                            Space::Output => Some(p.rank),
+                            Space::PeerOutput(q) => Some(q),
+                            _ => None,
+                        };
+                        if let (true, Some(o), true) = (write, owner, first_unexplored < e) {
+                            let out = Group { base: r.offset.at(0, sense), ..g(o, 1, 0) };
+                            let Some((x, y)) = out.hull((first_unexplored.saturating_sub(1).max(from), e)) else {
+                                continue;
+                            };
+                            let segs = segments.get(o as usize).map_or(&[][..], |v| &v[..]);
+                            if !segs.iter().any(|s| s.out_offset <= x && y <= s.out_offset + s.len) {
+                                return false;
+                            }
+                        }
+                        if let Some((owner, buf, shift)) = locate(plans, p.rank, r) {
+                            groups.push(g(owner, buf, shift));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let overlap = |a: (u64, u64), b: (u64, u64)| a.0 < b.1 && b.0 < a.1;
+    for u in groups.iter().filter(|u| u.unexplored.0 < u.unexplored.1) {
+        let Some(uh) = u.hull(u.unexplored) else { continue };
+        for g in &groups {
+            if (g.owner, g.buf) != (u.owner, u.buf) || !(u.write || g.write) {
+                continue;
+            }
+            if !g.hull(g.all).is_some_and(|gh| overlap(uh, gh)) {
+                continue;
+            }
+            if !(u.looped && g.looped && u.stride == g.stride && u.stride > 0) {
+                return false;
+            }
+            // Chunk `c` of `u` and `c - d` of `g` can overlap only for `d` with
+            // `-lu < delta + d * s < lg`; `d = 0` repeats at every chunk.
+            let (s, delta) = (u.stride as i128, u.base as i128 - g.base as i128);
+            let (lu, lg) = (u.len.max as i128, g.len.max as i128);
+            // Such a `d` pairs chunks that exist: `c` unexplored, `c - d` one of `g`'s.
+            let ((c0, c1), (g0, g1)) = (u.unexplored, g.all);
+            let lo = ((-lu - delta).div_euclid(s) + 1).max(c0 as i128 - g1 as i128 + 1);
+            let hi = (lg - delta - 1).div_euclid(s).min(c1 as i128 - g0 as i128 - 1);
+            if lo <= hi && (lo != 0 || hi != 0) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
 /// Applies the cutoff to every call; `sense[k]` is call `k`'s sense (for output offsets that
 /// depend on it).
 pub fn twin(calls: &[Vec<Plan>], sense: &[u64]) -> Twin {
-    let mut tw = Twin { calls: vec![], skip: vec![], cutoff: None };
+    let mut tw = Twin { calls: vec![], skip: vec![], cutoff: None, irregular: vec![] };
     for (k, plans) in calls.iter().enumerate() {
         let l = lap(plans);
         let t = l.saturating_add(2);
@@ -310,10 +511,14 @@ pub fn twin(calls: &[Vec<Plan>], sense: &[u64]) -> Twin {
         plans.iter().for_each(|p| loop_ends(p, &mut ends));
         let cut = Cut::new(ends, t);
         let twins: Option<Vec<(Plan, bool)>> = plans.iter().map(|p| twin_plan(p, &cut, l)).collect();
-        match twins {
-            Some(ts) if ts.iter().any(|(_, cut)| *cut) => {
-                let s = sense.get(k).copied().unwrap_or(0);
-                let cut: Vec<Plan> = ts.into_iter().map(|(p, _)| p).collect();
+        let s = sense.get(k).copied().unwrap_or(0);
+        let twins: Option<Vec<Plan>> =
+            twins.filter(|ts| ts.iter().any(|(_, cut)| *cut)).map(|ts| ts.into_iter().map(|(p, _)| p).collect());
+        if twins.as_ref().is_some_and(|cut| !regular(plans, cut, s)) {
+            tw.irregular.push(k);
+        }
+        match twins.filter(|_| tw.irregular.last() != Some(&k)) {
+            Some(cut) => {
                 // Output coordinates: an in-place alias shifts both plans alike. Every rank's
                 // plan may write rank `r`'s output (one-copy plans store into peers').
                 let writes =

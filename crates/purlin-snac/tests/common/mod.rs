@@ -1,6 +1,8 @@
 //! Shared generators for the integration tests.
 #![allow(dead_code)]
 
+pub mod equivalent;
+
 use proptest::prelude::*;
 use purlin_snac::*;
 
