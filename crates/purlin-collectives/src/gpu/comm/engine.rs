@@ -143,7 +143,10 @@ impl CeLaunch {
         // batch write disjoint bytes (`Plan::check`).
         unsafe { engine.copy_batch(stream, &ops) }.map_err(ce)?;
         for &(peer, word) in &self.notifies {
-            let flag = rt.flags.get(peer).copied().unwrap_or(0) + 8 * word;
+            let Some(&flags) = rt.flags.get(peer).filter(|&&f| f != 0) else {
+                return Err(unsupported(&format!("no flag words of rank {peer}")));
+            };
+            let flag = flags + 8 * word;
             // SAFETY: the peer's flag word (in its workspace, mapped here) and this rank's epoch
             // word 0, both 8-byte aligned device words live until the call completes.
             unsafe { engine.write_value_from(stream, flag, rt.epochs) }.map_err(ce)?;
