@@ -66,6 +66,38 @@ fn transfers(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Vec<Transfer
     out
 }
 
+/// The one-copy entry and done flags: the last two words of the signalling rank's segment
+/// (`flag_segment`), which staged plans leave free: a rank that runs a staged plan against
+/// this one (its buffers were not symmetric) never takes these signals for its own, so the
+/// call times out. Copy-engine plans use the same words, so the datapaths can alternate.
+#[derive(Clone, Copy)]
+struct OneCopyFlags {
+    segment: u32,
+}
+
+impl OneCopyFlags {
+    fn new(cfg: &PlanConfig, world: u32) -> Result<Self, DeriveError> {
+        let segment = super::flag_segment(cfg, world);
+        if segment < super::ONE_COPY_FLAGS {
+            return Err(DeriveError::FlagsTooFew {
+                need: super::ONE_COPY_FLAGS as u64 * world as u64,
+                have: cfg.flag_words,
+            });
+        }
+        Ok(Self { segment })
+    }
+
+    /// Rank `from`'s "my output is free" signal.
+    fn entry(self, from: u32) -> Index {
+        Index::fixed((from + 1) * self.segment - 2)
+    }
+
+    /// Rank `from`'s "my stores into your output are done" signal.
+    fn done(self, from: u32) -> Index {
+        Index::fixed((from + 1) * self.segment - 1)
+    }
+}
+
 pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
     let world = spec.world;
     let mut plan = empty_plan(spec, cfg, rank, Regime::Throughput, Some(cfg.staging_side));
@@ -77,18 +109,8 @@ pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Resu
     if blocks > cfg.max_coresident_blocks {
         return Err(DeriveError::TooManyBlocks { need: blocks as u64, bound: cfg.max_coresident_blocks });
     }
-    // The last two words of the signalling rank's segment (`flag_segment`), which staged
-    // plans leave free: a rank that runs a staged plan against this one (its buffers were
-    // not symmetric) never takes these signals for its own, so the call times out.
-    let segment = super::flag_segment(cfg, world);
-    if segment < super::ONE_COPY_FLAGS {
-        return Err(DeriveError::FlagsTooFew {
-            need: super::ONE_COPY_FLAGS as u64 * world as u64,
-            have: cfg.flag_words,
-        });
-    }
-    let entry = |from: u32| Index::fixed((from + 1) * segment - 2);
-    let done = |from: u32| Index::fixed((from + 1) * segment - 1);
+    let flags = OneCopyFlags::new(cfg, world)?;
+    let (segment, entry, done) = (flags.segment, |from: u32| flags.entry(from), |from: u32| flags.done(from));
     let once = EpochVal::at(1);
     let peers = || (0..world).filter(move |&q| q != rank);
     let wait_entry = |q: u32| Step::Wait { flag: entry(q), value: once, guard: Guard::new(0, 1) };
@@ -252,15 +274,8 @@ pub(super) fn derive_ce(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> R
     if cfg.max_coresident_blocks < need {
         return Err(DeriveError::TooManyBlocks { need: need as u64, bound: cfg.max_coresident_blocks });
     }
-    let segment = super::flag_segment(cfg, world);
-    if segment < super::ONE_COPY_FLAGS {
-        return Err(DeriveError::FlagsTooFew {
-            need: super::ONE_COPY_FLAGS as u64 * world as u64,
-            have: cfg.flag_words,
-        });
-    }
-    let entry = |from: u32| Index::fixed((from + 1) * segment - 2);
-    let done = |from: u32| Index::fixed((from + 1) * segment - 1);
+    let flags = OneCopyFlags::new(cfg, world)?;
+    let (segment, entry, done) = (flags.segment, |from: u32| flags.entry(from), |from: u32| flags.done(from));
     let once = EpochVal::at(1);
     let peers = || (0..world).filter(move |&q| q != rank);
     let signals: Vec<Step> = peers()
