@@ -99,6 +99,7 @@ fn small_call(rng: &mut Rng, world: u32) -> Option<(CollectiveSpec, PlanConfig)>
         peer_outputs: false,
         peer_inputs: false,
         copy_engine: false,
+        landed: false,
     };
     if rng.below(4) == 0 && !matches!(c, Collective::AllToAll | Collective::AllToAllV) {
         cfg.in_place = true;

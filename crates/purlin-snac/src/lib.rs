@@ -105,9 +105,9 @@ pub mod verify;
 pub use derive::{AllReduceAlgo, DeriveError, PlanConfig, derive, derive_rank, gcd, in_place_alias};
 pub use key::{BlockShape, KernelKey, ShapeOp};
 pub use plan::{
-    Advance, Alias, BlockProgram, CodecError, EngineProgram, EngineStep, EpochVal, Guard, Index, Len, Notify,
-    NotifyKind, Offset, Phase, Plan, PlanError, Region, Resources, Role, Share, Space, Step, check_set, decode_plans,
-    encode_plans,
+    Advance, Alias, BlockProgram, CodecError, EngineProgram, EngineStep, EpochVal, Guard, Index, Landed, Len, Notify,
+    NotifyKind, Offset, Phase, Plan, PlanError, Region, Resources, Role, Shard, Share, Space, Step, check_set,
+    decode_plans, encode_plans,
 };
 pub use spec::{Collective, CollectiveSpec, Counts, Segment, SpecError};
 pub use types::{ConsumeOp, DataType, Layout, PacketFormat, ReduceOp, ReductionMode, Regime, StagingSide};

@@ -188,6 +188,7 @@ pub fn role_code(r: Role) -> u64 {
         Role::CeEntry => 5,
         Role::CeExit => 6,
         Role::CopyEngine => 7,
+        Role::ShardReader => 8,
         Role::Custom(x) => 0x100 + x as u64,
     }
 }
@@ -202,6 +203,7 @@ fn role_from(c: u64) -> Option<Role> {
         5 => Role::CeEntry,
         6 => Role::CeExit,
         7 => Role::CopyEngine,
+        8 => Role::ShardReader,
         x if x >= 0x100 => Role::Custom(u32::try_from(x - 0x100).ok()?),
         _ => return None,
     })

@@ -310,6 +310,7 @@ fn hand_written_plans_through_the_public_api() {
                 one_copy: false,
                 blocks: vec![BlockProgram { role: Role::Custom(0), steps }],
                 engine: None,
+                landed: None,
             }
         })
         .collect();

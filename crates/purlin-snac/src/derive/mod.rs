@@ -21,6 +21,7 @@
 //! it into every peer's output. Each is bounded by an entry signal and a done signal per pair
 //! of ranks.
 
+mod landed;
 mod latency;
 mod one_copy;
 mod throughput;
@@ -114,6 +115,13 @@ pub struct PlanConfig {
     /// docs/perf/copy-engines.md §3). Other plans ignore it.
     #[serde(default)]
     pub copy_engine: bool,
+    /// Copy collectives (AllGather, AllToAll, their V forms) on SM blocks: the plan also sets
+    /// a flag word per source rank once that rank's shard of the output is final
+    /// ([`crate::plan::Landed`]), at `flag_words + q`, so the rank's words must hold
+    /// `flag_words + world`. For consumers inside the call (a fused kernel's
+    /// `purlin::wait_shard`). Other collectives and copy-engine plans refuse it.
+    #[serde(default)]
+    pub landed: bool,
 }
 
 /// Greatest common divisor (at least 1).
@@ -167,6 +175,7 @@ impl Default for PlanConfig {
             peer_outputs: false,
             peer_inputs: false,
             copy_engine: false,
+            landed: false,
         }
     }
 }
@@ -190,6 +199,8 @@ pub enum DeriveError {
     FlagsTooFew { need: u64, have: u32 },
     #[error("{0:?} cannot run in place")]
     InPlaceUnsupported(Collective),
+    #[error("no shard-landed words: {0}")]
+    LandedUnsupported(String),
     #[error("derived an ill-formed plan (a derivation bug): {0}")]
     Internal(#[from] PlanError),
 }
@@ -290,12 +301,15 @@ pub(crate) fn two_shot(spec: &CollectiveSpec, cfg: &PlanConfig) -> bool {
 }
 
 fn derive_rank_unchecked(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
-    let plan = match cfg.regime {
+    let mut plan = match cfg.regime {
         Regime::Latency => latency::derive(spec, cfg, rank)?,
         Regime::Throughput if one_copy(spec, cfg) && copy_engine(spec, cfg) => one_copy::derive_ce(spec, cfg, rank)?,
         Regime::Throughput if one_copy(spec, cfg) => one_copy::derive(spec, cfg, rank)?,
         Regime::Throughput => throughput::derive(spec, cfg, rank)?,
     };
+    if cfg.landed {
+        landed::add(&mut plan, cfg)?;
+    }
     plan.check()?;
     Ok(plan)
 }
@@ -351,6 +365,7 @@ pub(crate) fn empty_plan(
         one_copy: false,
         blocks: vec![],
         engine: None,
+        landed: None,
     }
 }
 

@@ -98,6 +98,11 @@ impl OneCopyFlags {
     }
 }
 
+/// Every rank's done flag, in rank order (empty where the flag words hold no one-copy flags).
+pub(super) fn done_flags(cfg: &PlanConfig, world: u32) -> Vec<Index> {
+    OneCopyFlags::new(cfg, world).map(|f| (0..world).map(|q| f.done(q)).collect()).unwrap_or_default()
+}
+
 pub(super) fn derive(spec: &CollectiveSpec, cfg: &PlanConfig, rank: u32) -> Result<Plan, DeriveError> {
     let world = spec.world;
     let mut plan = empty_plan(spec, cfg, rank, Regime::Throughput, Some(cfg.staging_side));

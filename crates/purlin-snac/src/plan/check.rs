@@ -94,6 +94,7 @@ impl Plan {
             return Err(e);
         }
         self.check_engine().map_err(|what| PlanError::Other { rank, what })?;
+        self.check_landed().map_err(|what| PlanError::Other { rank, what })?;
         self.check_shares().map_err(|what| PlanError::Other { rank, what })
     }
 

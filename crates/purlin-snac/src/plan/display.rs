@@ -175,6 +175,13 @@ impl fmt::Display for Plan {
                 writeln!(f, "    {i}: {}", as_step.to_string().replacen("gather", "copy", 1))?;
             }
         }
+        if let Some(l) = &self.landed {
+            writeln!(f, "  landed:")?;
+            for (q, s) in l.shards.iter().enumerate() {
+                let when = s.flag.map_or("at launch".to_string(), |w| format!("flag[{w}] >= E+1"));
+                writeln!(f, "    shard {q}: out[{}] {}B {when}", s.offset, s.len)?;
+            }
+        }
         Ok(())
     }
 }

@@ -14,6 +14,7 @@ mod check;
 mod codec;
 mod display;
 pub mod engine;
+pub mod landed;
 
 use serde::{Deserialize, Serialize};
 
@@ -248,6 +249,9 @@ pub enum Role {
     /// The copy-engine program as a block, in [`engine::lower`]'s plans only (the verifier's
     /// view); never a block of a plan that runs.
     CopyEngine,
+    /// A reader of one landed shard, in [`landed::lower`]'s plans only (the verifier's view of
+    /// [`Landed`]); never a block of a plan that runs.
+    ShardReader,
 }
 
 /// A stage made by several blocks together: each of the `writers` blocks that run an identical
@@ -420,6 +424,32 @@ pub struct Plan {
     /// ([`engine`]); `None` for a plan of SM blocks only.
     #[serde(default)]
     pub engine: Option<EngineProgram>,
+    /// Shard-landed words of a copy collective's plan ([`Landed`]); `None` for other plans.
+    #[serde(default)]
+    pub landed: Option<Landed>,
+}
+
+/// Where each source rank's shard lies in this rank's output, and which of this rank's flag
+/// words says it landed: a claim the plan makes to code that reads its output during the call
+/// (a fused kernel's `purlin::wait_shard`), and that the verifier checks ([`landed::lower`]).
+/// Once flag `flag` of shard `q` holds at least `E + 1` (`E`: the call's epoch at entry), every
+/// byte of shard `q` holds its final value in this call and no step of the call writes it
+/// again. Executors that zero the words before a launch may test for non-zero instead.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Landed {
+    /// One per source rank, in rank order.
+    pub shards: Vec<Shard>,
+}
+
+/// One source rank's part of this rank's output ([`Landed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shard {
+    /// Byte offset in this rank's output coordinates.
+    pub offset: u64,
+    pub len: u64,
+    /// The flag word that says the shard landed; `None`: it is there at launch (empty, or this
+    /// rank's own part of an in-place call), so nothing signals it.
+    pub flag: Option<u32>,
 }
 
 /// A structural defect of a plan or a set of plans.
@@ -491,14 +521,17 @@ impl Plan {
 
     /// A 32-bit digest of what every rank's plan of one call must agree on: the spec (the
     /// collective, world, element type, operation, reduction mode and every count) and
-    /// whether it is a one-copy plan (which meets only one-copy plans). Not the rank, the
+    /// whether it is a one-copy plan (which meets only one-copy plans) or has shard-landed
+    /// words ([`Landed`], which meet only their like). Not the rank, the
     /// regime, the grid or the alias: those may differ between ranks of one call, or follow
     /// from the spec. The executors compare it across ranks at every call, so ranks that
     /// make different calls get an error instead of one rank finishing on the other's bytes.
     /// FNV-1a over the spec's `Debug` text: the same on every rank of one build, which is
     /// what ranks of one communicator run.
     pub fn call_digest(&self) -> u32 {
-        let hash = crate::key::fnv1a(format!("{:?}|{}", self.spec, u8::from(self.one_copy)).as_bytes());
+        // A plan with shard-landed words declares more flag words: it meets only its like.
+        let landed = if self.landed.is_some() { "|landed" } else { "" };
+        let hash = crate::key::fnv1a(format!("{:?}|{}{landed}", self.spec, u8::from(self.one_copy)).as_bytes());
         (hash ^ (hash >> 32)) as u32
     }
 

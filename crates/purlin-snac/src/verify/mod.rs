@@ -294,6 +294,11 @@ impl Corpus {
     }
 }
 
+/// The plans as the model runs them: copy-engine programs and shard-landed claims as blocks.
+pub(crate) fn lowered(calls: &[Vec<Plan>]) -> Vec<Vec<Plan>> {
+    crate::plan::landed::lower_calls(&crate::plan::engine::lower_calls(calls))
+}
+
 /// Verifies one call (a plan per rank).
 pub fn verify_call(plans: &[Plan], opts: &Options) -> Report {
     verify(&[plans.to_vec()], opts)
@@ -308,7 +313,8 @@ pub fn verify(calls: &[Vec<Plan>], opts: &Options) -> Report {
     // The chunk cutoff, here rather than in callers: static checks above saw the originals.
     // Copy-engine programs become a block each (`plan::engine::lower`): the agent of the
     // model, after its stream's entry kernel, its copies data accesses, its notifies releases.
-    let tw = twin::twin(&crate::plan::engine::lower_calls(calls), &senses(calls));
+    // Shard-landed claims become a reader block per shard (`plan::landed::lower`).
+    let tw = twin::twin(&lowered(calls), &senses(calls));
     let cutoff = tw.cutoff;
     let opts = *opts;
     let originals = calls.to_vec();

@@ -75,9 +75,9 @@ const MAX_INSTANCES: usize = 20_000;
 
 /// Checks back-to-back calls (each a plan per rank), exploring at most `max_states` states.
 pub fn check(calls: &[Vec<Plan>], max_states: u64) -> Verdict {
-    // Copy-engine programs as the plan module defines them, in block steps; the static
+    // Copy-engine programs and landed claims as the plan module defines them, in block steps; the static
     // conditions are the originals'.
-    let lowered = crate::plan::engine::lower_calls(calls);
+    let lowered = super::lowered(calls);
     match Model::new(calls, &lowered) {
         Err(why) => Verdict::Reject(why),
         Ok(None) => Verdict::Inconclusive { states: 0 },
