@@ -1,7 +1,8 @@
 //! A fused kernel: an AllGather of row shards with its consumer, `out[r] = dot(row r, w)` for
 //! every row of the gathered matrix, in one launch (`examples/fused/gather_consume.cu`): the
 //! blocks beyond the contracted ones consume this rank's own rows while the gather runs, then
-//! every block consumes the peers' rows.
+//! every block consumes each peer's rows as soon as that peer's shard has landed
+//! (`purlin::wait_shard`).
 //!
 //! ```text
 //! cargo run --release -p purlin-collectives --example fused_gather_consume
@@ -91,7 +92,7 @@ fn main() -> Result<ExitCode> {
             launch.arg(&i.shard).arg(&gathered_at).arg(&i.w).arg(&i.out).arg(&rpr).arg(&cols).arg(&rank).arg(&w32);
             // SAFETY: the arguments match gather_consume's parameters; the kernel keeps the
             // contract (blocks 0..call.blocks run the gather once, the others read only the
-            // input; the gathered rows are read after a grid barrier); the buffers live until
+            // input; a peer's gathered rows are read after wait_shard); the buffers live until
             // the streams are synchronised.
             unsafe { launch.launch(cfg) }?;
         }

@@ -26,6 +26,10 @@ use crate::error::Error;
 
 /// Alignment of every region (a page: keeps regions apart for the TLB and bulk copies).
 pub const REGION_ALIGN: usize = 4096;
+/// Flag words past the protocol's `flag_words`, one per source rank: the shard-landed words
+/// of fused copy collectives (`purlin_snac::Landed`), which no other plan touches.
+pub const LANDED_WORDS: usize = purlin_snac::MAX_WORLD;
+
 /// Bytes per flag word slot (one flag per 128-byte line, no false sharing).
 pub const FLAG_STRIDE: usize = 128;
 /// Flag-word slots per peer for set-up checks such as the ping-pong (each use takes a fresh
@@ -147,7 +151,8 @@ pub struct WorkspaceLayout {
     /// call. It ends where `flags` begins, which is how the executors find it from a rank's
     /// flag address (the one invariant between two regions of the layout).
     pub calls: Region,
-    /// Protocol flag words: signals and drains (u64 × flag_words).
+    /// Protocol flag words: signals and drains (u64 × flag_words), then the
+    /// [`LANDED_WORDS`].
     pub flags: Region,
     /// Arrival counters (u64 × counter_words).
     pub counters: Region,
@@ -183,9 +188,10 @@ impl WorkspaceLayout {
         let setup_flags = region("setup", world * FLAG_SLOTS * FLAG_STRIDE);
         let epochs = region("epochs", config.epoch_words * 8);
         // The call words share the flags' page, just before them (`calls`).
-        let calls_and_flags = region("flags", CALL_WORDS * 8 + config.flag_words * 8);
+        let flag_words = config.flag_words + LANDED_WORDS;
+        let calls_and_flags = region("flags", CALL_WORDS * 8 + flag_words * 8);
         let calls = Region { name: "calls", offset: calls_and_flags.offset, bytes: CALL_WORDS * 8 };
-        let flags = Region { name: "flags", offset: calls.offset + calls.bytes, bytes: config.flag_words * 8 };
+        let flags = Region { name: "flags", offset: calls.offset + calls.bytes, bytes: flag_words * 8 };
         let counters = region("counters", config.counter_words * 8);
         let window = region("window", WINDOW_PHYSICAL_FACTOR * config.window_bytes);
         let staging = region("staging", config.staging_bytes);
@@ -221,7 +227,7 @@ impl WorkspaceLayout {
         let checks = [
             ("staging_bytes", r.staging_bytes, c.staging_bytes as u64),
             ("window_bytes", r.window_bytes, c.window_bytes as u64),
-            ("flag_words", u64::from(r.flag_words), c.flag_words as u64),
+            ("flag_words", u64::from(r.flag_words), (c.flag_words + LANDED_WORDS) as u64),
             ("counter_words", u64::from(r.counter_words), c.counter_words as u64),
             ("epoch_words", u64::from(r.epoch_words), c.epoch_words as u64),
         ];

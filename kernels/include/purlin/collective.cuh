@@ -12,9 +12,15 @@
 //     never call it;
 //   - run_collective reads the call's input and writes its output and the communicator's
 //     workspace; while any block may be inside it, no block writes the input or touches the
-//     output. purlin::grid_barrier(call) orders the grid: what any block wrote before it, every
-//     block sees after it (compute the input, barrier, run the collective, barrier, consume
-//     the output);
+//     output, except as purlin::wait_shard allows. purlin::grid_barrier(call) orders the grid:
+//     what any block wrote before it, every block sees after it (compute the input, barrier,
+//     run the collective, barrier, consume the output);
+//   - a copy collective (AllGather, AllToAll, their V forms) lands shard by shard: once
+//     purlin::wait_shard(call, q) returned true in a block, that block may read source rank
+//     q's part of the output (its final bytes: no step of the call writes them again), while
+//     the collective goes on with the other shards. A block that waits must not be one the
+//     collective needs to progress: call it from blocks past call.blocks, or from a contracted
+//     block after its run_collective;
 //   - the dynamic shared memory of a contracted block belongs to the collective during
 //     run_collective (the Atom's workspace).
 // When every contracted block has returned from run_collective (a grid_barrier after it),
@@ -44,6 +50,10 @@ struct Collective {
   unsigned* barrier;       // grid_barrier's two words: arrivals, generation
   unsigned blocks;         // contracted blocks: the plan's grid, and the call check's block
   unsigned smem_bytes;     // dynamic shared memory each contracted block needs
+  const snac::u64* landed;    // a copy collective's shard-landed words (one per source rank), zeroed
+                              // before the launch; null for other collectives
+  unsigned landed_at_launch;  // bit q: shard q is there at launch (empty, or in place)
+  unsigned world;             // ranks of the call
 };
 
 // Runs contracted block `block` of the call; every thread of the block calls it once.
@@ -59,6 +69,28 @@ __device__ __forceinline__ void run_collective(const Collective& call, unsigned 
     snac::run_block(call.words, &call.rt, true);
   }
   __syncthreads();
+}
+
+// Waits until source rank `q`'s shard of this rank's output has landed: every byte of it holds
+// its final value, and no step of the call writes it again (the plan's shard-landed words,
+// which the verifier checks: purlin_snac::Landed). Every thread of the block calls it; the
+// block's later reads of the shard see its bytes. False if the call failed (the communicator
+// is poisoned or the wait outlived the call's timeout), if `q` is no rank, or if the call is
+// not a copy collective: then the shard's bytes are not to be read.
+__device__ __forceinline__ bool wait_shard(const Collective& call, unsigned q) {
+  __shared__ int s_landed;
+  __syncthreads();  // an earlier call's readers of s_landed are done
+  if (threadIdx.x == 0) {
+    bool ok = q < call.world && call.landed != nullptr;
+    if (ok && !((call.landed_at_launch >> q) & 1u)) {
+      const snac::u64 start = sync::now_ns();
+      ok = sync::wait_geq_bounded(call.landed + q, 1, (const snac::u64*)call.rt.control, start,
+                                  call.rt.timeout_ns) == sync::kWaitOk;
+    }
+    s_landed = ok;
+  }
+  __syncthreads();  // thread 0's acquire orders every thread's later reads
+  return s_landed != 0;
 }
 
 // A barrier of every block of the launch (co-resident: FusedCall::launch checks). Writes of any

@@ -1,8 +1,8 @@
 // Example (b) of a fused kernel (crates/purlin-collectives/examples/fused_gather_consume.rs):
 // an AllGather of row shards fused with its consumer, out[r] = dot(row r, w) for every row of
 // the gathered matrix. While the contracted blocks gather, the other blocks consume this
-// rank's own rows (its input, there from the start); after the gather, every block consumes
-// the peers' rows.
+// rank's own rows (its input, there from the start), then each peer's rows as soon as that
+// peer's shard has landed (purlin::wait_shard), while the other shards are still on the way.
 #include <purlin/collective.cuh>
 
 // dot(row, w) over `cols` floats by one block, in a fixed order (bit-identical run to run).
@@ -37,16 +37,19 @@ extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
                    const float* w, float* out, unsigned rows_per_rank, unsigned cols, unsigned rank,
                    unsigned world) {
   const unsigned mine = rank * rows_per_rank;
-  const bool spare = gridDim.x > call.blocks;  // blocks beyond the contracted ones
+  const unsigned spare = gridDim.x - call.blocks;  // blocks beyond the contracted ones
   if (blockIdx.x < call.blocks) {
     purlin::run_collective(call, blockIdx.x);
   } else {
     // This rank's rows, from its shard, while the gather runs (`out` is not the call's).
-    consume(shard, w, out, mine, mine + rows_per_rank, cols, blockIdx.x - call.blocks, gridDim.x - call.blocks);
+    consume(shard, w, out, mine, mine + rows_per_rank, cols, blockIdx.x - call.blocks, spare);
   }
-  purlin::grid_barrier(call);  // the gather is complete on this rank
-  for (unsigned q = 0; q < world; ++q) {
-    if (q == rank && spare) continue;
+  if (spare == 0) consume(shard, w, out, mine, mine + rows_per_rank, cols, blockIdx.x, gridDim.x);
+  // The peers' rows, shard by shard as each lands (from the next rank on, as the plans send),
+  // by every block: the spare ones at once, the contracted ones once their part is done.
+  for (unsigned step = 1; step < world; ++step) {
+    const unsigned q = (rank + step) % world;
+    if (!purlin::wait_shard(call, q)) return;  // the call failed: its output is not to be read
     const float* rows = gathered + (unsigned long long)q * rows_per_rank * cols;
     consume(rows, w, out, q * rows_per_rank, (q + 1) * rows_per_rank, cols, blockIdx.x, gridDim.x);
   }

@@ -271,6 +271,10 @@ pub struct PlanLimits {
     /// run on a GPU, only for `Datapath::CopyEngine` (set by `Comm`, not by
     /// [`PlanLimits::of_workspace`]; docs/perf/copy-engines.md §3.8).
     pub copy_engine: bool,
+    /// Copy collectives add shard-landed words (`PlanConfig::landed`), past `flag_words`
+    /// (the workspace holds `LANDED_WORDS` more): fused calls, whose kernels may consume
+    /// shards as they land. Set by the fused path, not by [`PlanLimits::of_workspace`].
+    pub landed: bool,
 }
 
 impl PlanLimits {
@@ -292,6 +296,7 @@ impl PlanLimits {
             peer_outputs,
             peer_inputs,
             copy_engine: false,
+            landed: false,
         }
     }
 }
@@ -416,6 +421,7 @@ pub fn plan_config(spec: &CollectiveSpec, in_place: bool, tuning: &Tuning, limit
         peer_outputs: false,
         peer_inputs: false,
         copy_engine: false,
+        landed: limits.landed,
     };
     if regime == Regime::Throughput && tuning.one_copy_blocks > 0 {
         (cfg.peer_outputs, cfg.peer_inputs) = (limits.peer_outputs, limits.peer_inputs);

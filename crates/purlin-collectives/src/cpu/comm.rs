@@ -147,6 +147,7 @@ impl CpuConfig {
             peer_inputs: false,
             // The host executor runs engine programs on a `HostCopyEngine` per rank.
             copy_engine: true,
+            landed: false,
         }
     }
 }

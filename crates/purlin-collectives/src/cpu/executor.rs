@@ -175,7 +175,7 @@ impl HostWorld {
             .map(|_| RankMemory {
                 staging: SharedBytes::zeroed(config.staging_bytes),
                 window: atomics(packet_words),
-                flags: atomics(config.flag_words),
+                flags: atomics(config.flag_words + crate::workspace::LANDED_WORDS),
                 counters: atomics(config.counter_words),
                 epochs: atomics(config.epoch_words),
                 calls: atomics(CALL_WORDS),
@@ -219,6 +219,12 @@ impl HostWorld {
     pub(crate) fn store_flag(&self, rank: usize, index: usize, value: u64) {
         self.ranks[rank].flags[index].store(value, Ordering::Release);
         self.notify_all();
+    }
+
+    /// Flag word `index` of `rank` (acquire): a consumer's view of a plan's signals, such as a
+    /// shard-landed word (`purlin_snac::Landed`).
+    pub fn flag(&self, rank: usize, index: usize) -> u64 {
+        self.ranks[rank].flags[index].load(Ordering::Acquire)
     }
 
     /// Arrival counter `index` of `rank` (0 between calls: every round's last arrival resets it).
@@ -540,8 +546,8 @@ impl HostWorld {
         if r.window_bytes > c.window_bytes as u64 {
             return Err(too_big("window bytes", r.window_bytes, c.window_bytes));
         }
-        if r.flag_words as usize > c.flag_words {
-            return Err(too_big("flag words", r.flag_words as u64, c.flag_words));
+        if r.flag_words as usize > c.flag_words + crate::workspace::LANDED_WORDS {
+            return Err(too_big("flag words", r.flag_words as u64, c.flag_words + crate::workspace::LANDED_WORDS));
         }
         if r.counter_words as usize > c.counter_words {
             return Err(too_big("counters", r.counter_words as u64, c.counter_words));

@@ -44,10 +44,13 @@ pub struct CollectiveArgs {
     barrier: u64,
     blocks: u32,
     smem_bytes: u32,
+    landed: u64,
+    landed_at_launch: u32,
+    world: u32,
 }
 
 // SAFETY: `#[repr(C)]` of plain integers and `ExecRuntime` (itself `DeviceRepr`, the C
-// `Runtime`), laid out as `purlin::Collective` (u64 fields, then two u32: no padding).
+// `Runtime`), laid out as `purlin::Collective` (u64 fields, then u32 pairs: no padding).
 unsafe impl DeviceRepr for CollectiveArgs {}
 
 /// A collective prepared for a fused kernel ([`Comm::prepare`]): its verified plan, with the
@@ -71,6 +74,11 @@ pub struct FusedCall<'b> {
     /// `CudaSlice`, so it records no cudarc event (captures stay free of them).
     words_at: u64,
     barrier_at: u64,
+    /// A copy collective's shard-landed words (`purlin_snac::Landed`): this rank's first, 0
+    /// for other collectives; zeroed before each launch.
+    landed_at: u64,
+    /// Bit `q`: shard `q` is there at launch (empty, or in place), nothing signals it.
+    landed_at_launch: u32,
     _buffers: PhantomData<&'b mut ()>,
 }
 
@@ -123,7 +131,10 @@ impl Comm {
         output: u64,
     ) -> Result<FusedCall<'_>, Error> {
         let peers = self.peer_buffers(&spec, in_place, input, output)?;
-        let prepared = self.prepared(spec, in_place, peers.flags())?;
+        // A copy collective's plan sets a word per source shard once it landed
+        // (`purlin::wait_shard`); its fused kernel then consumes shards as they arrive.
+        let landed = spec.collective.consume_op() == purlin_snac::ConsumeOp::Gather;
+        let prepared = self.prepared_landed(spec, in_place, peers.flags(), landed)?;
         if prepared.ce.is_some() {
             return Err(Error::Unsupported(
                 "a fused kernel runs SM blocks only; this call's plan runs on the copy engines (PURLIN_DATAPATH=sm)"
@@ -136,6 +147,22 @@ impl Comm {
         let barrier = self.stream.alloc_zeros::<u32>(2).map_err(driver("cuMemAllocAsync"))?;
         let words_at = words.device_ptr(&self.stream).0;
         let barrier_at = barrier.device_ptr(&self.stream).0;
+        let (mut landed_at, mut landed_at_launch) = (0, 0);
+        if let Some(l) = &prepared.plan.landed {
+            // The plan's landed flags are its last `world` words, shard q's at first + q.
+            let first = prepared.plan.resources.flag_words as usize - l.shards.len();
+            for (q, s) in l.shards.iter().enumerate() {
+                match s.flag {
+                    Some(f) if f as usize == first + q => {}
+                    Some(f) => {
+                        let what = format!("landed flag {f} of shard {q} is not word {}", first + q);
+                        return Err(crate::call::verified::internal(self.rank as u32, what));
+                    }
+                    None => landed_at_launch |= 1 << q,
+                }
+            }
+            landed_at = self.runtime(input, output).flags[self.rank] + 8 * first as u64;
+        }
         Ok(FusedCall {
             comm: self,
             prepared,
@@ -147,6 +174,8 @@ impl Comm {
             _barrier: barrier,
             words_at,
             barrier_at,
+            landed_at,
+            landed_at_launch,
             _buffers: PhantomData,
         })
     }
@@ -203,6 +232,9 @@ impl FusedCall<'_> {
             barrier: self.barrier_at,
             blocks: self.blocks(),
             smem_bytes: self.smem_bytes(),
+            landed: self.landed_at,
+            landed_at_launch: self.landed_at_launch,
+            world: self.comm.world as u32,
         })
     }
 }
@@ -388,6 +420,14 @@ impl FusedLaunch<'_> {
         }
         // Fused launches run on the communicator's stream, after its last launch on any stream.
         comm.join_launches()?;
+        if call.landed_at != 0 {
+            // SAFETY: `landed_at` holds this rank's `world` shard-landed words of the
+            // communicator's live workspace, which only this rank's fused launches write
+            // (their plans' landed signals, to this rank's own words), each after this memset
+            // on the same stream; no peer writes them.
+            unsafe { cudarc::driver::result::memset_d8_async(call.landed_at, 0, 8 * comm.world, comm.stream.cu_stream()) }
+                .map_err(driver("cuMemsetD8Async"))?;
+        }
         // SAFETY: the first argument is the call's `CollectiveArgs` (checked above), whose
         // pointers are this call's buffers (borrowed for the call's life), the communicator's
         // live workspace and the plan's uploaded words; the grid holds every contracted block,

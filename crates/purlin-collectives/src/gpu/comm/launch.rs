@@ -55,9 +55,10 @@ impl PeerBuffers {
     }
 }
 
-/// What a prepared plan depends on besides the communicator: the spec, in-place-ness, and
-/// whether the input and the output are symmetric buffers.
-pub(super) type PlanKey = (CollectiveSpec, bool, bool, bool);
+/// What a prepared plan depends on besides the communicator: the spec, in-place-ness,
+/// whether the input and the output are symmetric buffers, and whether the plan sets
+/// shard-landed words (fused copy collectives).
+pub(super) type PlanKey = (CollectiveSpec, bool, bool, bool, bool);
 
 impl Comm {
     /// The plan of a call, derived once per (spec, in place, which buffers are symmetric) and
@@ -66,9 +67,21 @@ impl Comm {
         &self,
         spec: CollectiveSpec,
         in_place: bool,
-        (peer_inputs, peer_outputs): (bool, bool),
+        peers: (bool, bool),
     ) -> Result<Arc<PreparedPlan>, Error> {
-        let key = (spec, in_place, peer_inputs, peer_outputs);
+        self.prepared_landed(spec, in_place, peers, false)
+    }
+
+    /// [`Comm::prepared`], with shard-landed words where `landed` (a fused copy collective's:
+    /// its plan then runs on SM blocks, the copy engines never write its shards).
+    pub(crate) fn prepared_landed(
+        &self,
+        spec: CollectiveSpec,
+        in_place: bool,
+        (peer_inputs, peer_outputs): (bool, bool),
+        landed: bool,
+    ) -> Result<Arc<PreparedPlan>, Error> {
+        let key = (spec, in_place, peer_inputs, peer_outputs, landed);
         if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
@@ -80,7 +93,9 @@ impl Comm {
             peer_inputs,
         );
         limits.copy_engine = self.copy_engine.is_some()
+            && !landed
             && (self.tuning.datapath == crate::call::tuning::Datapath::CopyEngine || DEVICE_AUTO_COPY_ENGINE);
+        limits.landed = landed;
         let fits = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::gpu::kernels::EXEC_PARAM_WORDS;
         let (plan, cfg) =
             crate::call::tuning::plan_fitting(&key.0, self.rank as u32, in_place, &self.tuning, &limits, fits)?;
