@@ -36,6 +36,7 @@ fn gpu_limits() -> PlanLimits {
         peer_outputs: false,
         peer_inputs: false,
         copy_engine: false,
+        landed: false,
     }
 }
 

@@ -5,7 +5,7 @@
 mod gpu_calls;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use gpu_calls::{base_config, fresh_seed, streams};
 use purlin_collectives::{Call, Comm, Error, FusedCall, FusedKernel, ReduceOp};
 use purlin_testkit::{Case, Collective, Dtype, Op, poisoned};
@@ -18,6 +18,28 @@ extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
     plain(const __grid_constant__ purlin::Collective call) {
   if (blockIdx.x < call.blocks) purlin::run_collective(call, blockIdx.x);
   purlin::grid_barrier(call);
+}
+"#;
+
+/// A consumer of shards as they land: the contracted blocks run the AllGather; the others,
+/// for each source rank from this one on, wait for its shard (`purlin::wait_shard`) and copy
+/// it from the output into `seen` while the other shards are still on the way.
+const LANDED_COPY: &str = r#"
+#include <purlin/collective.cuh>
+extern "C" __global__ void __launch_bounds__(purlin::atom::kThreads)
+    landed_copy(const __grid_constant__ purlin::Collective call, const float* gathered, float* seen,
+                unsigned long long per_rank, unsigned world, unsigned rank) {
+  if (blockIdx.x < call.blocks) {
+    purlin::run_collective(call, blockIdx.x);
+    return;
+  }
+  const unsigned long long s = blockIdx.x - call.blocks, spare = gridDim.x - call.blocks;
+  for (unsigned step = 0; step < world; ++step) {
+    const unsigned q = (rank + step) % world;
+    if (!purlin::wait_shard(call, q)) return;
+    for (unsigned long long i = s * blockDim.x + threadIdx.x; i < per_rank; i += spare * blockDim.x)
+      seen[q * per_rank + i] = gathered[q * per_rank + i];
+  }
 }
 "#;
 
@@ -141,6 +163,65 @@ fn gpu_fused_all_gather_in_place_matches_the_reference() {
         launch_all(&calls, &kernels, calls[0].blocks()).expect("launch");
     }
     check(&comms, &case, &bufs, "in place");
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask gpu-round, then --ignored on the GPU machine"]
+fn gpu_fused_all_gather_consumers_read_each_shard_once_it_landed() {
+    let comms = comms();
+    let world = comms.len();
+    let per_rank = 200_003;
+    // Two rounds on fresh data: a landed word left set by the first would let the second's
+    // consumers read the first's bytes.
+    for round in 0..2 {
+        let case =
+            Case::new(Collective::AllGather, Dtype::F32, Op::Sum, world, per_rank * world * 4, 0.0, fresh_seed())
+                .expect("case");
+        let ins: Vec<CudaSlice<f32>> = comms
+            .iter()
+            .map(|c| {
+                let bytes = case.input(c.rank());
+                let floats: Vec<f32> =
+                    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                c.stream().clone_htod(&floats).expect("upload")
+            })
+            .collect();
+        let poison: Vec<f32> = vec![f32::NAN; per_rank * world];
+        let mut outs: Vec<CudaSlice<f32>> =
+            comms.iter().map(|c| c.stream().clone_htod(&poison).expect("out")).collect();
+        let seen: Vec<CudaSlice<f32>> = comms.iter().map(|c| c.stream().clone_htod(&poison).expect("seen")).collect();
+        {
+            let calls: Vec<_> = comms
+                .iter()
+                .zip(&ins)
+                .zip(outs.iter_mut())
+                .map(|((c, i), o)| c.prepare(Call::AllGather { len: per_rank }, i, o).expect("prepare"))
+                .collect();
+            let kernels: Vec<_> =
+                calls.iter().map(|c| FusedKernel::compile(c, LANDED_COPY, "landed_copy").expect("compile")).collect();
+            for (((comm, call), kernel), s) in comms.iter().zip(&calls).zip(&kernels).zip(&seen) {
+                let args = call.launch_args().expect("args");
+                let gathered = call.output_address();
+                let (n, w, r) = (per_rank as u64, world as u32, comm.rank() as u32);
+                let mut launch = kernel.launch_builder(call, &args);
+                launch.arg(&gathered).arg(s).arg(&n).arg(&w).arg(&r);
+                // SAFETY: the arguments match landed_copy's parameters; the kernel keeps the
+                // contract (the spare blocks read a shard of the output only after wait_shard,
+                // and write only `seen`); the buffers live until the streams are synchronised.
+                unsafe { launch.launch(cfg(call, call.blocks() + 3)) }.expect("launch");
+            }
+        }
+        // What the consumers copied, and the gathered output itself.
+        for (what, bufs) in [("consumers saw", &seen), ("gathered", &outs)] {
+            for (c, b) in comms.iter().zip(bufs) {
+                let got: Vec<f32> = c.stream().clone_dtoh(b).expect("read back");
+                c.async_error().unwrap_or_else(|e| panic!("round {round}: rank {}: {e}", c.rank()));
+                let bytes: Vec<u8> = got.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let wrong = case.count_wrong(&bytes, &case.expected(c.rank()));
+                assert_eq!(wrong.count, 0, "round {round}: rank {}: {what} {wrong:?}", c.rank());
+            }
+        }
+    }
 }
 
 #[test]

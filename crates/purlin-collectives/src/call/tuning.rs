@@ -571,6 +571,7 @@ mod tests {
             peer_outputs: false,
             peer_inputs: false,
             copy_engine: false,
+            landed: false,
         }
     }
 

@@ -190,6 +190,7 @@ mod tests {
             peer_outputs: false,
             peer_inputs: false,
             copy_engine: false,
+            landed: false,
         };
         let (plan, cfg) =
             crate::call::tuning::plan_and_config(&spec, 0, false, &Tuning::default(), &limits).expect("plan");

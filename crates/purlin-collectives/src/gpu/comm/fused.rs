@@ -425,8 +425,10 @@ impl FusedLaunch<'_> {
             // communicator's live workspace, which only this rank's fused launches write
             // (their plans' landed signals, to this rank's own words), each after this memset
             // on the same stream; no peer writes them.
-            unsafe { cudarc::driver::result::memset_d8_async(call.landed_at, 0, 8 * comm.world, comm.stream.cu_stream()) }
-                .map_err(driver("cuMemsetD8Async"))?;
+            unsafe {
+                cudarc::driver::result::memset_d8_async(call.landed_at, 0, 8 * comm.world, comm.stream.cu_stream())
+            }
+            .map_err(driver("cuMemsetD8Async"))?;
         }
         // SAFETY: the first argument is the call's `CollectiveArgs` (checked above), whose
         // pointers are this call's buffers (borrowed for the call's life), the communicator's
