@@ -89,8 +89,13 @@
 //! call, and before the peer's exit; every rank advances by the same amount; every call makes every rank's exit
 //! happen after every peer's entry (through data or the handshake); the grid never exceeds
 //! `max_coresident_blocks`, so the runtime must launch all blocks co-resident (cooperative
-//! launch). The executor owns fences and scopes; the verifier proves the happens-before
-//! structure under sequential consistency.
+//! launch); and where a plan has shard-landed words ([`Landed`]), a shard's word is set only
+//! after every write of the shard, and none follows it. The executor owns fences and scopes;
+//! the verifier proves the happens-before structure under sequential consistency.
+//!
+//! **Shard-landed words** are ordinary steps (an `Arrive` whose last arrival signals this
+//! rank's own flag), so executors run them without knowing; a runtime that lets code read a
+//! shard during the call may zero the words before each launch and test them for non-zero.
 #![forbid(unsafe_code)]
 
 pub mod derive;

@@ -55,6 +55,8 @@ struct Collective {
   unsigned landed_at_launch;  // bit q: shard q is there at launch (empty, or in place)
   unsigned world;             // ranks of the call
 };
+// CollectiveArgs' size (fused.rs): the Runtime, three pointers and four 32-bit words.
+static_assert(sizeof(Collective) == sizeof(snac::Runtime) + 3 * 8 + 4 * 4, "Collective must match CollectiveArgs");
 
 // Runs contracted block `block` of the call; every thread of the block calls it once.
 __device__ __forceinline__ void run_collective(const Collective& call, unsigned block) {

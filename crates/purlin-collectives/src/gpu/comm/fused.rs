@@ -53,6 +53,9 @@ pub struct CollectiveArgs {
 // `Runtime`), laid out as `purlin::Collective` (u64 fields, then u32 pairs: no padding).
 unsafe impl DeviceRepr for CollectiveArgs {}
 
+// collective.cuh asserts the same size of `purlin::Collective`.
+const _: () = assert!(std::mem::size_of::<CollectiveArgs>() == std::mem::size_of::<ExecRuntime>() + 3 * 8 + 4 * 4);
+
 /// A collective prepared for a fused kernel ([`Comm::prepare`]): its verified plan, with the
 /// plan's parameter words in device memory, the buffers it reads and writes, and its launch
 /// contract ([`FusedCall::blocks`], [`FusedCall::threads`], [`FusedCall::smem_bytes`]).
@@ -242,8 +245,10 @@ impl FusedCall<'_> {
 /// A user kernel that runs a Purlin collective itself, compiled by NVRTC for this GPU with
 /// Purlin's device headers:
 /// - `#include <purlin/collective.cuh>`: `purlin::Collective` (the kernel's first parameter,
-///   `const __grid_constant__ purlin::Collective call`), `purlin::run_collective(call, block)`
-///   and `purlin::grid_barrier(call)`; the contract is written at the top of that header;
+///   `const __grid_constant__ purlin::Collective call`), `purlin::run_collective(call, block)`,
+///   `purlin::grid_barrier(call)` and, for copy collectives, `purlin::wait_shard(call, q)` (a
+///   source rank's shard of the output has landed: read it while the call goes on); the
+///   contract is written at the top of that header;
 /// - `#include <purlin/atom.cuh>`: the Atom's `copy` and `reduce<T, Op>` on local or peer
 ///   pointers.
 ///
@@ -364,7 +369,8 @@ impl FusedLaunch<'_> {
     /// As cudarc's `LaunchArgs::launch`: the pushed arguments must match the kernel's
     /// parameters, and the kernel must keep the contract of `purlin/collective.cuh`
     /// (blocks `0..call.blocks()` each call `run_collective` once with every thread; no
-    /// block writes the input or touches the output while a block may be inside it).
+    /// block writes the input or touches the output while a block may be inside it, except
+    /// to read a shard after `purlin::wait_shard` returned true).
     pub unsafe fn launch(mut self, cfg: LaunchConfig) -> Result<(), Error> {
         let call = self.call;
         let comm = call.comm;
