@@ -1,7 +1,8 @@
 // A Purlin collective inside your own kernel (`purlin_collectives::FusedKernel`).
 //
 // The host prepares a call (`Comm::prepare`, `Comm::prepare_in_place`): a verified SNAC plan,
-// the same one `Comm`'s own launch would run, and passes it to the kernel as its first
+// the same one `Comm`'s own launch would run (a copy collective's with a shard-landed word per
+// source rank, for wait_shard), and passes it to the kernel as its first
 // parameter, `const __grid_constant__ purlin::Collective call`. The contract:
 //   - the kernel is launched with `FusedCall::launch` on the communicator's stream, with
 //     purlin::atom::kThreads threads per block, at least `call.blocks` blocks, and at least

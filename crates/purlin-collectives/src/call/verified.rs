@@ -177,6 +177,41 @@ mod tests {
         assert_eq!(checked, 3 * 4 * 4 * 2);
     }
 
+    /// What a fused copy collective runs (`Comm::prepare`): the GPU table's AllGather and
+    /// AllToAll at world 2 with shard-landed words, staged and one-copy, packets to 16 MiB
+    /// chunks; every plan set passes (the landed claims included) and each rank's plan is the
+    /// verified one.
+    #[test]
+    fn the_gpu_tables_fused_copy_collectives_verify_with_their_landed_words() {
+        let words = |p: &Plan| purlin_snac::params::encode(p).len() <= crate::gpu::kernels::EXEC_PARAM_WORDS;
+        let mut checked = 0;
+        for peer_outputs in [false, true] {
+            let workspace = crate::workspace::WorkspaceConfig::default();
+            let limits = PlanLimits {
+                landed: true,
+                ..PlanLimits::of_workspace(&workspace, 264, PacketFormat::B16, peer_outputs, false)
+            };
+            let budget = Options { max_coresident_blocks: Some(limits.max_coresident_blocks), ..default_budget() };
+            for bytes in [64u64, 64 << 10, 1 << 20, 64 << 20] {
+                let n = bytes / 2;
+                for spec in [
+                    CollectiveSpec::all_gather(2, DataType::Bf16, n / 2),
+                    CollectiveSpec::all_to_all(2, DataType::Bf16, n),
+                ] {
+                    for rank in 0..2 {
+                        let (plan, cfg) = plan_fitting(&spec, rank, false, &Tuning::default(), &limits, words)
+                            .unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+                        assert!(plan.landed.is_some(), "{spec:?}: no landed words");
+                        let verdict = verified(&spec, &cfg, &budget).unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+                        verdict.covers(&plan).unwrap_or_else(|e| panic!("{spec:?} rank {rank}: {e}"));
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 2 * 4 * 2 * 2);
+    }
+
     /// A plan that is not the verified one is refused, where the verified spec is the call's.
     #[test]
     fn a_plan_other_than_the_verified_one_is_refused() {

@@ -2,8 +2,9 @@
 //! kernel compiled with Purlin's device headers ([`FusedKernel`]).
 //!
 //! The collective part of a fused kernel is the plan [`Comm`]'s own launch would run for the
-//! same call: derived, verified and encoded by the same path ([`Comm::prepared`]), interpreted
-//! by the same executor code (`kernels/snac/executor.cu`, included by
+//! same call (a copy collective's with its shard-landed words added, `purlin_snac::Landed`):
+//! derived, verified and encoded by the same path ([`Comm::prepared_landed`]), interpreted by
+//! the same executor code (`kernels/snac/executor.cu`, included by
 //! `kernels/include/purlin/collective.cuh` with the contracted blocks' numbering). What the
 //! user's kernel may do around it is the contract written in that header and on
 //! [`FusedKernel`].
