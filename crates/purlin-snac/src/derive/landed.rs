@@ -43,11 +43,13 @@ pub(super) fn add(plan: &mut Plan, cfg: &PlanConfig) -> Result<(), DeriveError> 
         }
     }
     let counters = plan.resources.counter_words;
+    // Blocks that complete each shard: its counter's arrivals.
+    let arrivals: Vec<u32> =
+        (0..world as usize).map(|q| last.iter().filter(|l| l[q].is_some()).count() as u32).collect();
     let mut landed = Landed { shards: vec![] };
     for (q, &(offset, len)) in shards.iter().enumerate() {
-        let writers = last.iter().filter(|l| l[q].is_some()).count() as u32;
         // An empty shard is there at launch, whoever signals its rank's done.
-        let flag = (writers > 0 && len > 0).then(|| cfg.flag_words + q as u32);
+        let flag = (arrivals[q] > 0 && len > 0).then(|| cfg.flag_words + q as u32);
         landed.shards.push(Shard { offset, len, flag });
     }
     for (b, block) in plan.blocks.iter_mut().enumerate() {
@@ -58,11 +60,10 @@ pub(super) fn add(plan: &mut Plan, cfg: &PlanConfig) -> Result<(), DeriveError> 
                 if last[b][q] != Some(i) {
                     continue;
                 }
-                let arrivals = last.iter().filter(|l| l[q].is_some()).count() as u32;
                 let Some(flag) = landed.shards[q].flag else { continue };
                 block.steps.push(Step::Arrive {
                     counter: Index::fixed(counters + q as u32),
-                    arrivals,
+                    arrivals: arrivals[q],
                     then: vec![Notify {
                         kind: NotifyKind::Ready,
                         peer: rank,
