@@ -200,3 +200,15 @@ fn a_landed_claim_that_is_not_the_specs_shard_is_ill_formed() {
     let shown = derive(&spec, &cfg(Regime::Latency, false, false)).unwrap()[0].to_string();
     assert!(shown.contains("landed:") && shown.contains(">= E+1"), "{shown}");
 }
+
+#[test]
+fn a_landed_plan_meets_only_its_like_at_the_call_check() {
+    let spec = CollectiveSpec::all_gather(2, DataType::U8, 72);
+    let c = cfg(Regime::Throughput, false, false);
+    let landed = derive(&spec, &c).unwrap();
+    let plain = derive(&spec, &PlanConfig { landed: false, ..c }).unwrap();
+    // Ranks compare digests at every call: a landed plan against a plain one is a mismatch.
+    assert_ne!(landed[0].call_digest(), plain[1].call_digest());
+    assert_eq!(landed[0].call_digest(), landed[1].call_digest());
+    assert_eq!(plain[0].call_digest(), plain[1].call_digest());
+}
