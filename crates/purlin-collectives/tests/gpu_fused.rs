@@ -177,24 +177,27 @@ fn gpu_fused_all_gather_consumers_read_each_shard_once_it_landed() {
         let case =
             Case::new(Collective::AllGather, Dtype::F32, Op::Sum, world, per_rank * world * 4, 0.0, fresh_seed())
                 .expect("case");
-        let ins: Vec<CudaSlice<f32>> = comms
+        let ins = upload(&comms, &case);
+        let mut outs: Vec<CudaSlice<u8>> = comms
             .iter()
-            .map(|c| {
-                let bytes = case.input(c.rank());
-                let floats: Vec<f32> =
-                    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                c.stream().clone_htod(&floats).expect("upload")
-            })
+            .map(|c| c.stream().clone_htod(&poisoned(Dtype::F32, per_rank * world)).expect("out"))
             .collect();
-        let poison: Vec<f32> = vec![f32::NAN; per_rank * world];
-        let mut outs: Vec<CudaSlice<f32>> =
-            comms.iter().map(|c| c.stream().clone_htod(&poison).expect("out")).collect();
-        let seen: Vec<CudaSlice<f32>> = comms.iter().map(|c| c.stream().clone_htod(&poison).expect("seen")).collect();
+        let seen: Vec<CudaSlice<u8>> = comms
+            .iter()
+            .map(|c| c.stream().clone_htod(&poisoned(Dtype::F32, per_rank * world)).expect("seen"))
+            .collect();
         {
+            // SAFETY: every bit pattern is an f32; each input holds per_rank f32 values.
+            let in_views: Vec<_> = ins.iter().map(|b| unsafe { b.transmute::<f32>(per_rank) }.expect("view")).collect();
+            let mut out_views: Vec<_> = outs
+                .iter_mut()
+                // SAFETY: as above; each output holds per_rank × world f32 values.
+                .map(|b| unsafe { b.transmute_mut::<f32>(per_rank * world) }.expect("view"))
+                .collect();
             let calls: Vec<_> = comms
                 .iter()
-                .zip(&ins)
-                .zip(outs.iter_mut())
+                .zip(&in_views)
+                .zip(out_views.iter_mut())
                 .map(|((c, i), o)| c.prepare(Call::AllGather { len: per_rank }, i, o).expect("prepare"))
                 .collect();
             let kernels: Vec<_> =
@@ -205,22 +208,16 @@ fn gpu_fused_all_gather_consumers_read_each_shard_once_it_landed() {
                 let (n, w, r) = (per_rank as u64, world as u32, comm.rank() as u32);
                 let mut launch = kernel.launch_builder(call, &args);
                 launch.arg(&gathered).arg(s).arg(&n).arg(&w).arg(&r);
-                // SAFETY: the arguments match landed_copy's parameters; the kernel keeps the
-                // contract (the spare blocks read a shard of the output only after wait_shard,
-                // and write only `seen`); the buffers live until the streams are synchronised.
+                // SAFETY: the arguments match landed_copy's parameters (`seen` holds
+                // per_rank × world f32 values); the kernel keeps the contract (the spare blocks
+                // read a shard of the output only after wait_shard, and write only `seen`); the
+                // buffers live until the streams are synchronised.
                 unsafe { launch.launch(cfg(call, call.blocks() + 3)) }.expect("launch");
             }
         }
         // What the consumers copied, and the gathered output itself.
-        for (what, bufs) in [("consumers saw", &seen), ("gathered", &outs)] {
-            for (c, b) in comms.iter().zip(bufs) {
-                let got: Vec<f32> = c.stream().clone_dtoh(b).expect("read back");
-                c.async_error().unwrap_or_else(|e| panic!("round {round}: rank {}: {e}", c.rank()));
-                let bytes: Vec<u8> = got.iter().flat_map(|x| x.to_le_bytes()).collect();
-                let wrong = case.count_wrong(&bytes, &case.expected(c.rank()));
-                assert_eq!(wrong.count, 0, "round {round}: rank {}: {what} {wrong:?}", c.rank());
-            }
-        }
+        check(&comms, &case, &seen, &format!("round {round}: consumers"));
+        check(&comms, &case, &outs, &format!("round {round}: gathered"));
     }
 }
 
